@@ -1,0 +1,251 @@
+"""Any `langchain_core` chat model as a `Model`: messages and tool calls converted both
+ways, usage mapped, failures classified into `ModelError` kinds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
+from criogen_graph.errors import ModelError
+from criogen_graph.results import empty_usage
+
+_OUTPUT_INSTRUCTION = (
+    "Give your final answer as JSON only (no prose, no code fences), matching this JSON "
+    "Schema:\n{schema}"
+)
+
+
+def is_langchain_chat_model(obj: object) -> bool:
+    import sys
+
+    if "langchain_core.language_models" not in sys.modules:
+        return False
+    from langchain_core.language_models import BaseChatModel
+
+    return isinstance(obj, BaseChatModel)
+
+
+class LangChainModel(Model):
+    """Wraps a `langchain_core` `BaseChatModel`.
+
+    Tools are bound with `bind_tools`; typed output is asked for in the system message
+    and parsed by the agent like any other answer (LangChain has no provider-neutral
+    native structured-output call that keeps tool calling). Streaming uses `astream`.
+    """
+
+    def __init__(self, chat_model: Any) -> None:
+        self.chat_model = chat_model
+        params: dict[str, Any] = {}
+        try:
+            params = dict(chat_model._get_ls_params())
+        except Exception:
+            params = {}
+        self.provider = str(
+            params.get("ls_provider") or getattr(chat_model, "_llm_type", "langchain")
+        )
+        self.name = str(
+            params.get("ls_model_name")
+            or getattr(chat_model, "model_name", None)
+            or getattr(chat_model, "model", None)
+            or type(chat_model).__name__
+        )
+        self._bound: dict[tuple[str, ...], Any] = {}
+
+    def _runnable(self, tools: list[dict[str, Any]]) -> Any:
+        if not tools:
+            return self.chat_model
+        key = tuple(t["name"] for t in tools)
+        bound = self._bound.get(key)
+        if bound is None:
+            specs = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t["name"],
+                        "description": t["description"],
+                        "parameters": t["parameters"],
+                    },
+                }
+                for t in tools
+            ]
+            try:
+                bound = self.chat_model.bind_tools(specs)
+            except NotImplementedError as exc:
+                raise ModelError(
+                    f"{type(self.chat_model).__name__} does not support tool calling "
+                    "(bind_tools is not implemented); give the agent no tools or use "
+                    "another model",
+                    kind="bad_request",
+                    provider=self.provider,
+                    model=self.name,
+                ) from exc
+            self._bound[key] = bound
+        return bound
+
+    async def generate(self, request: ModelRequest) -> ModelResponse:
+        messages = to_langchain_messages(request.messages, request.output_schema)
+        runnable = self._runnable(request.tools)
+        try:
+            if request.on_text is None:
+                ai = await runnable.ainvoke(messages)
+            else:
+                ai = None
+                async for chunk in runnable.astream(messages):
+                    text = chunk.text if isinstance(chunk.text, str) else chunk.text()
+                    if text:
+                        request.on_text(text)
+                    ai = chunk if ai is None else ai + chunk
+                if ai is None:
+                    raise ModelError(
+                        "the model streamed nothing",
+                        kind="transient",
+                        provider=self.provider,
+                        model=self.name,
+                    )
+        except ModelError:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise classify_exception(exc, self.provider, self.name) from exc
+        return from_langchain_message(ai)
+
+
+def to_langchain_messages(
+    messages: list[dict[str, Any]], output_schema: dict[str, Any] | None = None
+) -> list[Any]:
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+    out: list[Any] = []
+    for m in messages:
+        role = m.get("role")
+        content = m.get("content")
+        if content is None:
+            content = ""
+        if role == "system":
+            out.append(SystemMessage(content))
+        elif role == "user":
+            out.append(HumanMessage(content))
+        elif role == "assistant":
+            calls = [
+                {"name": c["name"], "args": c.get("args") or {}, "id": c["id"], "type": "tool_call"}
+                for c in m.get("tool_calls") or ()
+            ]
+            out.append(AIMessage(content, tool_calls=calls))
+        elif role == "tool":
+            status = "success" if m.get("status", "ok") in ("ok", "skipped") else "error"
+            out.append(
+                ToolMessage(
+                    content,
+                    tool_call_id=m.get("tool_call_id", ""),
+                    name=m.get("name"),
+                    status=status,
+                )
+            )
+    if output_schema is not None:
+        instruction = _OUTPUT_INSTRUCTION.format(schema=json.dumps(output_schema))
+        if out and isinstance(out[0], SystemMessage):
+            out[0] = SystemMessage(f"{out[0].content}\n\n{instruction}")
+        else:
+            out.insert(0, SystemMessage(instruction))
+    return out
+
+
+def from_langchain_message(ai: Any) -> ModelResponse:
+    text = ai.text if isinstance(ai.text, str) else ai.text()
+    message: dict[str, Any] = {"role": "assistant", "content": text or ""}
+    calls: list[dict[str, Any]] = []
+    for c in getattr(ai, "tool_calls", None) or ():
+        calls.append(
+            {"id": c.get("id") or _fresh_id(), "name": c["name"], "args": c.get("args") or {}}
+        )
+    for c in getattr(ai, "invalid_tool_calls", None) or ():
+        calls.append(
+            {
+                "id": c.get("id") or _fresh_id(),
+                "name": c.get("name") or "",
+                "args": {},
+                "args_error": "the arguments are not valid JSON "
+                f"({c.get('error') or 'unparsable'}): {c.get('args')!r}",
+            }
+        )
+    if calls:
+        message["tool_calls"] = calls
+    usage = empty_usage()
+    meta = getattr(ai, "usage_metadata", None) or {}
+    if meta:
+        usage["input_tokens"] = int(meta.get("input_tokens") or 0)
+        usage["output_tokens"] = int(meta.get("output_tokens") or 0)
+        details = meta.get("input_token_details") or {}
+        usage["cache_read_tokens"] = int(details.get("cache_read") or 0)
+        usage["cache_write_tokens"] = int(details.get("cache_creation") or 0)
+        usage["reasoning_tokens"] = int(
+            (meta.get("output_token_details") or {}).get("reasoning") or 0
+        )
+    rmeta = getattr(ai, "response_metadata", None) or {}
+    finish = str(rmeta.get("finish_reason") or rmeta.get("stop_reason") or "").lower()
+    stop = "content_filter" if finish in ("content_filter", "refusal", "safety") else None
+    return ModelResponse(message, usage, stop)
+
+
+def _fresh_id() -> str:
+    import uuid
+
+    return "call_" + uuid.uuid4().hex[:16]
+
+
+def classify_exception(exc: BaseException, provider: str, model: str) -> ModelError:
+    """Map an exception from a provider client to a `ModelError` kind."""
+    status = getattr(exc, "status_code", None)
+    response = getattr(exc, "response", None)
+    if status is None and response is not None:
+        status = getattr(response, "status_code", None)
+    retry_after: float | None = None
+    headers = getattr(response, "headers", None)
+    if headers is not None:
+        try:
+            raw = headers.get("retry-after")
+            retry_after = float(raw) if raw is not None else None
+        except (TypeError, ValueError):
+            retry_after = None
+    text = str(exc)
+    lowered = text.lower()
+    name = type(exc).__name__.lower()
+    kind: str
+    if isinstance(status, int):
+        if status == 429:
+            kind = "rate_limit"
+        elif status == 408:
+            kind = "timeout"
+        elif status in (401, 403):
+            kind = "auth"
+        elif status == 404:
+            kind = "not_found"
+        elif status >= 500:
+            kind = "transient"
+        elif "context" in lowered and (
+            "length" in lowered or "window" in lowered or "too long" in lowered
+        ):
+            kind = "context_overflow"
+        elif "content" in lowered and ("filter" in lowered or "policy" in lowered):
+            kind = "content_filter"
+        else:
+            kind = "bad_request"
+    elif isinstance(exc, TimeoutError) or "timeout" in name:
+        kind = "timeout"
+    elif isinstance(exc, ConnectionError) or "connect" in name:
+        kind = "connection"
+    elif isinstance(exc, TypeError | ValueError | AttributeError | KeyError | NotImplementedError):
+        kind = "bad_request"
+    else:
+        kind = "transient"
+    return ModelError(
+        f"{provider}:{model} failed: {type(exc).__name__}: {text}",
+        kind=kind,
+        provider=provider,
+        model=model,
+        status=status if isinstance(status, int) else None,
+        retry_after=retry_after,
+    )

@@ -1,0 +1,472 @@
+"""`Agent`: a model with tools and instructions, compiled into a LangGraph graph."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from criogen_graph._output import OutputSpec
+from criogen_graph.adapters.models import resolve_model
+from criogen_graph.approvals import Approval, compile_approvals
+from criogen_graph.errors import (
+    MODEL_ERROR_KINDS,
+    CancelledError,
+    LimitExceededError,
+    ValidationError,
+)
+from criogen_graph.hooks import HookAction, HookContext, HookFailedError, call_hook, compile_hooks
+from criogen_graph.nodes.approval import APPROVAL_INTERRUPT
+from criogen_graph.nodes.spec import AgentSpec
+from criogen_graph.nodes.state import new_run
+from criogen_graph.nodes.tools import ToolOutput
+from criogen_graph.options import Limits, Retry
+from criogen_graph.results import ApprovalRequest, RunResult, empty_usage
+from criogen_graph.tools import Tool, ToolContext, ToolError, check_tool_name
+
+if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.graph.state import CompiledStateGraph
+
+    from criogen_graph.adapters.models.base import Model
+
+__all__ = ["Agent", "AgentTool"]
+
+Output = TypeVar("Output")
+
+ON_TOOL_EXCEPTION = ("return_to_model", "return_generic", "fail")
+#: How deep agents may call agents (`agent.as_tool`).
+MAX_AGENT_DEPTH = 8
+_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("criogen_agent_depth", default=0)
+
+
+class Agent(Generic[Output]):
+    """A model with tools, instructions and (optionally) approval, typed output, storage
+    and memory.
+
+    Each run calls the model, runs the tools it asks for (concurrently, results in call
+    order), feeds the results back, and repeats until the model answers without tools or
+    a limit is reached. Use `run()` for one-off tasks and `thread(id)` for conversations
+    that are saved between calls. `agent.graph` is the compiled LangGraph graph.
+
+    Raises `TypeError` for an entry of `tools` that is not a tool or a model string that
+    names no known provider, and `ValidationError` for a provider whose key is missing or
+    an option the agent does not accept.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        instructions: str | None = None,
+        tools: Iterable[Any] = (),
+        approve: Iterable[str | Approval] = (),
+        output: Any = None,
+        limits: Limits | Mapping[str, Any] | None = None,
+        on_tool_exception: str = "return_to_model",
+        storage: Any = None,
+        memory: Any = None,
+        fallbacks: Sequence[Any] = (),
+        fallback_on: Iterable[str] = (),
+        model_retry: Retry | Mapping[str, Any] | None = None,
+        tool_retry: Retry | Mapping[str, Any] | None = None,
+        max_retry_after_secs: float = 60,
+        telemetry: Any = None,
+        hooks: Sequence[Any] = (),
+        redact: Any = None,
+        name: str = "agent",
+    ) -> None:
+        primary = resolve_model(model, option="model")
+        if isinstance(fallbacks, str | bytes) or not isinstance(fallbacks, Iterable):
+            raise TypeError("fallbacks must be a list of models")
+        models = (primary, *(resolve_model(m, option="fallbacks entry") for m in fallbacks))
+        if instructions is not None and not isinstance(instructions, str):
+            raise TypeError(f"instructions must be a str, got {type(instructions).__name__}")
+        tool_map = _collect_tools(tools)
+        approvals = compile_approvals(approve)
+        unknown = [t for t in approvals if t not in tool_map]
+        if unknown:
+            raise ValidationError(
+                f"approve names {unknown}, which are not among the agent's tools "
+                f"{sorted(tool_map)}",
+                code="unknown",
+            )
+        if on_tool_exception not in ON_TOOL_EXCEPTION:
+            raise ValidationError(
+                f"on_tool_exception must be one of {list(ON_TOOL_EXCEPTION)}, got "
+                f"{on_tool_exception!r}",
+                code="invalid_value",
+            )
+        if isinstance(fallback_on, str):
+            raise TypeError("fallback_on must be a list of error kinds, e.g. ['context_overflow']")
+        kinds = frozenset(fallback_on)
+        bad = sorted(k for k in kinds if k not in MODEL_ERROR_KINDS)
+        if bad:
+            raise ValidationError(
+                f"fallback_on has unknown error kind(s) {bad}; kinds: {sorted(MODEL_ERROR_KINDS)}",
+                code="invalid_value",
+            )
+        if isinstance(max_retry_after_secs, bool) or not isinstance(
+            max_retry_after_secs, int | float
+        ):
+            raise TypeError("max_retry_after_secs must be a number")
+        if max_retry_after_secs < 0:
+            raise ValidationError("max_retry_after_secs must be >= 0", code="invalid_value")
+        for option, value in (("memory", memory), ("telemetry", telemetry), ("redact", redact)):
+            if value is not None:
+                raise ValidationError(
+                    f"{option}= is not available in this version of criogen_graph",
+                    code="unsupported",
+                )
+        if not isinstance(name, str) or not name:
+            raise TypeError("name must be a non-empty str")
+        self.name = name
+        self._spec = AgentSpec(
+            models=models,
+            instructions=instructions,
+            tools=tool_map,
+            approvals=approvals,
+            output=OutputSpec(output) if output is not None else None,
+            limits=Limits.coerce(limits),
+            on_tool_exception=on_tool_exception,
+            fallback_on=kinds,
+            model_retry=Retry.coerce(model_retry, name="model_retry"),
+            tool_retry=Retry.coerce(tool_retry, name="tool_retry"),
+            max_retry_after_secs=float(max_retry_after_secs),
+            hooks=compile_hooks(list(hooks) if not isinstance(hooks, Sequence) else hooks),
+            name=name,
+        )
+        self._storage_arg = storage
+        self._graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
+        lim = self._spec.limits
+        # Each model call takes at most three supersteps (model, approval, tools).
+        self._config: RunnableConfig = {"recursion_limit": 3 * lim.model_calls + 10}
+
+    # -- the graph -------------------------------------------------------------------
+
+    @property
+    def graph(self) -> CompiledStateGraph[Any, Any, Any, Any]:
+        """The compiled LangGraph graph (no checkpointer bound): nodes `model`,
+        `approval`, `tools`. Draw it, step through it, or serve it in LangGraph Studio."""
+        if self._graph is None:
+            from criogen_graph.graph import build_graph
+
+            self._graph = build_graph(self._spec).compile(name=self.name)
+        return self._graph
+
+    @property
+    def model(self) -> Model:
+        """The primary model."""
+        return self._spec.models[0]
+
+    @property
+    def tools(self) -> list[Tool]:
+        """The agent's tools."""
+        return list(self._spec.tools.values())
+
+    # -- running ---------------------------------------------------------------------
+
+    async def run(self, input: str, *, state: Mapping[str, Any] | None = None) -> RunResult[Output]:
+        """Run once, with no thread: nothing is saved, and a run that stops for approval
+        cannot be continued (use `thread(id).send(...)` for that).
+
+        `state` is the run state (e.g. the key per-user memory reads). Raises
+        `ModelError`, `LimitExceededError`, `ToolExecutionError`, or `CancelledError`
+        when the awaiting task is cancelled.
+        """
+        started = time.perf_counter()
+        user = _user_message(input)
+        run_state = _check_state(state)
+        run_id = uuid.uuid4().hex
+        graph = self.graph
+        hooks = self._spec.hooks
+        hook_states: dict[str, Any] | None = None
+        values: dict[str, Any] | None = None
+        try:
+            if hooks.on_start:
+                hook_states = await self._on_start(run_id, [user], run_state, {})
+            inp: dict[str, Any] = {
+                "messages": (user,),
+                "run": new_run(run_id, hook_states),
+                "state": run_state,
+            }
+            out = await graph.ainvoke(
+                inp,
+                self._config,
+                version="v2",
+            )
+            values = out.value
+            result = self._result(values, out.interrupts, run_id, started)
+        except asyncio.CancelledError as exc:
+            if hooks.on_end:
+                await self._on_end(run_id, values, [user], run_state, "failed")
+            if isinstance(exc, CancelledError):
+                raise
+            raise CancelledError("the run was cancelled") from exc
+        except BaseException:
+            if hooks.on_end:
+                await self._on_end(run_id, values, [user], run_state, "failed")
+            raise
+        if hooks.on_end:
+            outcome = (
+                "failed"
+                if result.stop_reason == "limit"
+                else "suspended"
+                if result.needs_approval
+                else "completed"
+            )
+            await self._on_end(run_id, values, [user], run_state, outcome)
+        self._raise_for_limit(values, result)
+        return result
+
+    def as_tool(self, name: str, description: str) -> AgentTool:
+        """This agent as a tool of another agent: it takes `{"input": str}`, runs this
+        agent, and returns its answer. Agents calling agents nest at most 8 deep."""
+        return AgentTool(self, name, description)
+
+    # -- helpers shared with Thread --------------------------------------------------
+
+    def _result(
+        self,
+        values: dict[str, Any],
+        interrupts: Sequence[Any],
+        run_id: str,
+        started: float,
+        cls: type[RunResult[Any]] = RunResult,
+        **extra: Any,
+    ) -> RunResult[Output]:
+        run = values.get("run") or {}
+        messages: list[dict[str, Any]] = values.get("messages") or []
+        approvals: list[ApprovalRequest] = []
+        for intr in interrupts:
+            value = getattr(intr, "value", None)
+            if isinstance(value, Mapping) and value.get("type") == APPROVAL_INTERRUPT:
+                approvals.extend(ApprovalRequest.from_dict(r) for r in value["requests"])
+        stop = None if approvals else run.get("stop_reason")
+        text: str | None = None
+        output: Any = None
+        if stop == "final_answer":
+            last = _last_assistant(messages)
+            text = (last.get("content") or "") if last is not None else ""
+            output = text
+        elif stop == "output":
+            spec_output = self._spec.output
+            raw = run.get("output")
+            output = spec_output.to_user(raw) if spec_output is not None else raw
+        elif stop == "hook_end":
+            output = run.get("output")
+            text = output if isinstance(output, str) else None
+        elif stop == "return_direct":
+            text = run.get("output")
+            output = text
+        return cls(
+            text=text,
+            output=output,
+            messages=messages,
+            usage=dict(run.get("usage") or empty_usage()),
+            stop_reason=stop,
+            needs_approval=bool(approvals),
+            approvals=approvals,
+            model_calls=run.get("model_calls", 0),
+            tool_calls=run.get("tool_calls", 0),
+            run_id=run.get("run_id") or run_id,
+            duration_ms=(time.perf_counter() - started) * 1000.0,
+            answered_by=run.get("answered_by"),
+            models=list(run.get("models") or ()),
+            **extra,
+        )
+
+    @staticmethod
+    def _raise_for_limit(values: dict[str, Any] | None, result: RunResult[Any]) -> None:
+        if result.stop_reason != "limit" or values is None:
+            return
+        err = (values.get("run") or {}).get("error") or {}
+        limit = err.get("limit", "limit")
+        value = err.get("value", 0)
+        raise LimitExceededError(
+            f"the run reached its {limit} limit ({value}); raise Limits({limit}=...) if the "
+            "task needs more",
+            limit=limit,
+            value=value,
+            result=result,
+        )
+
+    async def _on_start(
+        self,
+        run_id: str,
+        messages: list[dict[str, Any]],
+        state: dict[str, Any],
+        hook_states: dict[str, Any],
+    ) -> dict[str, Any]:
+        states = dict(hook_states)
+        for name, fn in self._spec.hooks.on_start:
+            ctx = HookContext(
+                run_id=run_id,
+                messages=messages,
+                model_calls=0,
+                hook_state=states.get(name),
+                state=MappingProxyType(state),
+            )
+            try:
+                action = await call_hook(fn, ctx)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                raise HookFailedError(
+                    f"hook {name!r} raised in on_start: {type(exc).__name__}: {exc}",
+                    hook=name,
+                    method="on_start",
+                ) from exc
+            if action is None:
+                continue
+            if not isinstance(action, HookAction):
+                raise HookFailedError(
+                    f"hook {name!r}: on_start must return HookAction(state=...) or None, got "
+                    f"{type(action).__name__}",
+                    hook=name,
+                    method="on_start",
+                )
+            if action.messages is not None or action.message is not None or action.end:
+                raise HookFailedError(
+                    f"hook {name!r}: on_start may only save state (HookAction(state=...))",
+                    hook=name,
+                    method="on_start",
+                )
+            if action.saves_state:
+                states[name] = action.state
+        return states
+
+    async def _on_end(
+        self,
+        run_id: str,
+        values: dict[str, Any] | None,
+        fallback_messages: list[dict[str, Any]],
+        state: dict[str, Any],
+        outcome: str,
+    ) -> None:
+        run = (values or {}).get("run") or {}
+        messages = (values or {}).get("messages") or fallback_messages
+        states = run.get("hooks") or {}
+        for name, fn in self._spec.hooks.on_end:
+            ctx = HookContext(
+                run_id=run_id,
+                messages=messages,
+                model_calls=run.get("model_calls", 0),
+                hook_state=states.get(name),
+                state=MappingProxyType(state),
+            )
+            try:
+                await call_hook(fn, ctx, outcome)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # on_end cannot change the outcome; its failure is logged, not raised.
+                import logging
+
+                logging.getLogger("criogen_graph").exception(
+                    "hook %r raised in on_end (ignored)", name
+                )
+
+    def __repr__(self) -> str:
+        m = self._spec.models[0]
+        return f"<Agent {self.name!r} {m.provider}:{m.name} tools={list(self._spec.tools)}>"
+
+
+class AgentTool(Tool):
+    """An agent as a tool of another agent (`agent.as_tool`): it takes `{"input": str}`
+    and returns the sub-agent's answer. The sub-agent's token usage adds to the caller's."""
+
+    def __init__(self, agent: Agent[Any], name: str, description: str) -> None:
+        if not isinstance(agent, Agent):
+            raise TypeError(f"AgentTool needs an Agent, got {agent!r}")
+        check_tool_name(name)
+        if not isinstance(description, str) or not description:
+            raise TypeError("as_tool needs a description (what the agent does)")
+        super().__init__(
+            name,
+            description,
+            {
+                "type": "object",
+                "properties": {
+                    "input": {
+                        "type": "string",
+                        "description": "The task or question for the agent.",
+                    }
+                },
+                "required": ["input"],
+                "additionalProperties": False,
+            },
+        )
+        self.agent = agent
+
+    def validate(self, args: Mapping[str, Any]) -> Any:
+        from criogen_graph.tools import ToolArgumentsError
+
+        if set(args) != {"input"} or not isinstance(args.get("input"), str):
+            raise ToolArgumentsError("takes exactly one argument, input (a string)")
+        return {"input": args["input"]}
+
+    async def run(self, args: Any, ctx: ToolContext) -> Any:
+        depth = _DEPTH.get()
+        if depth >= MAX_AGENT_DEPTH:
+            raise LimitExceededError(
+                f"agent tool {self.name!r} would nest agents {depth + 1} deep; the limit is "
+                f"{MAX_AGENT_DEPTH} (does an agent call itself?)",
+                limit="agent_depth",
+                value=MAX_AGENT_DEPTH,
+            )
+        token = _DEPTH.set(depth + 1)
+        try:
+            result = await self.agent.run(args["input"], state=dict(ctx.state))
+        finally:
+            _DEPTH.reset(token)
+        if result.needs_approval:
+            raise ToolError(
+                f"the {self.name} agent stopped for approval of "
+                f"{', '.join(a.tool for a in result.approvals)}, which cannot be answered from "
+                "inside another agent's run in this version"
+            )
+        value = result.output if result.output is not None else (result.text or "")
+        return ToolOutput(value, result.usage)
+
+
+def _collect_tools(tools: Iterable[Any]) -> dict[str, Tool]:
+    if isinstance(tools, str | bytes | Tool) or not isinstance(tools, Iterable):
+        raise TypeError("tools must be a list of tools")
+    out: dict[str, Tool] = {}
+    for entry in tools:
+        if not isinstance(entry, Tool):
+            hint = ""
+            if callable(entry):
+                hint = " (decorate the function with @tool)"
+            raise TypeError(f"tools entry {entry!r} is not a tool{hint}")
+        if entry.name in out:
+            raise ValidationError(f"two tools are named {entry.name!r}", code="invalid_value")
+        out[entry.name] = entry
+    return out
+
+
+def _user_message(input: Any) -> dict[str, Any]:
+    if not isinstance(input, str):
+        raise TypeError(f"input must be a str (the user's message), got {type(input).__name__}")
+    return {"role": "user", "content": input}
+
+
+def _check_state(state: Mapping[str, Any] | None) -> dict[str, Any]:
+    if state is None:
+        return {}
+    if not isinstance(state, Mapping):
+        raise TypeError(f"state must be a dict, got {type(state).__name__}")
+    return dict(state)
+
+
+def _last_assistant(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    for m in reversed(messages):
+        if m.get("role") == "assistant":
+            found: dict[str, Any] = m
+            return found
+    return None

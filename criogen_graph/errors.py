@@ -1,0 +1,167 @@
+"""The errors a run, a thread or a storage can raise; all subclasses of `CriogenError`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from criogen_graph.results import RunResult
+
+__all__ = [
+    "CancelledError",
+    "CriogenError",
+    "LimitExceededError",
+    "ModelError",
+    "StorageError",
+    "ThreadBusyError",
+    "ThreadSuspendedError",
+    "ToolError",
+    "ToolExecutionError",
+    "ValidationError",
+]
+
+#: Model error kinds that are retried (with `model_retry`) and move on to `fallbacks`.
+TRANSIENT_KINDS = frozenset({"rate_limit", "transient", "timeout", "connection"})
+#: Every `ModelError.kind`.
+MODEL_ERROR_KINDS = frozenset(
+    TRANSIENT_KINDS | {"context_overflow", "content_filter", "auth", "bad_request", "not_found"}
+)
+
+
+class CriogenError(Exception):
+    """Base class of every error the library raises on purpose.
+
+    `code` is a short machine-readable name (e.g. `"hook_failed"`, `"invalid_value"`).
+    """
+
+    code: str = "error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ValidationError(CriogenError):
+    """Input that does not fit: a bad option, bad arguments, a bad decision.
+
+    `code` says what kind: `"invalid_value"`, `"invalid_type"`, `"missing"`, `"unknown"`.
+    Nothing is saved when it is raised.
+    """
+
+    code = "invalid_value"
+
+
+class ModelError(CriogenError):
+    """The model failed after its retries and fallbacks.
+
+    `kind` is one of `rate_limit`, `transient`, `timeout`, `connection` (the transient
+    kinds, retried), `context_overflow`, `content_filter`, `auth`, `bad_request`,
+    `not_found`. `provider` and `model` name the model that failed; `status` is the HTTP
+    status when there was one; `retry_after` the server's `Retry-After` in seconds;
+    `attempts` lists every failure that led here (`{"provider", "model", "kind",
+    "message"}`), primary first.
+    """
+
+    code = "model_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str = "transient",
+        provider: str | None = None,
+        model: str | None = None,
+        status: int | None = None,
+        retry_after: float | None = None,
+        attempts: list[dict[str, Any]] | None = None,
+    ) -> None:
+        if kind not in MODEL_ERROR_KINDS:
+            raise ValueError(
+                f"unknown ModelError kind {kind!r}; one of {sorted(MODEL_ERROR_KINDS)}"
+            )
+        super().__init__(message)
+        self.kind = kind
+        self.provider = provider
+        self.model = model
+        self.status = status
+        self.retry_after = retry_after
+        self.attempts = list(attempts or [])
+
+    @property
+    def transient(self) -> bool:
+        """True for the kinds that are retried."""
+        return self.kind in TRANSIENT_KINDS
+
+
+class LimitExceededError(CriogenError):
+    """A limit of `Limits` was reached.
+
+    `limit` names it (`"model_calls"`, `"tool_calls"`, `"tokens"`), `value` is its bound,
+    and `result` is the run as far as it got (`stop_reason == "limit"`; on a thread it is
+    saved, so nothing the run did is lost).
+    """
+
+    code = "limit_exceeded"
+
+    def __init__(
+        self, message: str, *, limit: str, value: int, result: RunResult[Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.value = value
+        self.result = result
+
+
+class ToolError(CriogenError):
+    """Raise it in a tool (or a `before_tool` hook) to give the model an error message.
+
+    The run goes on: the model sees the message as the call's result. Any other exception
+    follows the agent's `on_tool_exception` policy.
+    """
+
+    code = "tool_error"
+
+
+class ToolExecutionError(CriogenError):
+    """A tool raised and `on_tool_exception="fail"`; the exception is `__cause__`."""
+
+    code = "tool_failed"
+
+    def __init__(self, message: str, *, tool: str, call_id: str) -> None:
+        super().__init__(message)
+        self.tool = tool
+        self.call_id = call_id
+
+
+class CancelledError(CriogenError, asyncio.CancelledError):
+    """The run was cancelled (its awaiting task, or `Stream.cancel()`).
+
+    Also an `asyncio.CancelledError`, so asyncio's own cancellation handling sees it. On a
+    thread the run is saved and `retry()` continues it.
+    """
+
+    code = "cancelled"
+
+
+class ThreadSuspendedError(CriogenError):
+    """The thread waits for approval: answer with `approve`, `reject` or `decide` first."""
+
+    code = "thread_suspended"
+
+
+class ThreadBusyError(CriogenError):
+    """Another run holds the thread (see the storage's `on_busy`)."""
+
+    code = "thread_busy"
+
+
+class StorageError(CriogenError):
+    """The storage cannot be opened, read or written (bad URL, unreachable database, ...)."""
+
+    code = "storage_error"

@@ -1,0 +1,109 @@
+"""The `approval` node: one `interrupt()` per suspended turn, then every call of the turn
+goes to `tools` with its decision, so results come back in call order in one superstep."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from langgraph.types import Command, Send, interrupt
+
+from criogen_graph.errors import ValidationError
+from criogen_graph.nodes.spec import AgentSpec
+from criogen_graph.results import DECISION_TYPES, Decision
+from criogen_graph.tools import ToolArgumentsError
+
+APPROVAL_INTERRUPT = "approval"
+
+
+def check_decisions(
+    answer: Any, requests: list[dict[str, Any]], spec: AgentSpec
+) -> dict[str, dict[str, Any]]:
+    """The decisions in `answer`, keyed by call id, as JSON dicts.
+
+    `answer` is `"approve"` / `"reject"` or one decision dict (for every pending call), or
+    a mapping `call_id -> Decision | dict | "approve" | "reject"` covering every pending
+    call. Raises `ValidationError` naming what is wrong; nothing is changed.
+    """
+    by_id = {r["call_id"]: r for r in requests}
+    if isinstance(answer, str | Decision) or (isinstance(answer, Mapping) and "type" in answer):
+        single = Decision.coerce(answer)
+        if single.type in ("edit",) and len(by_id) > 1:
+            raise ValidationError(
+                "an 'edit' decision names one call: decide({call_id: Decision.edit(...)})",
+                code="invalid_value",
+            )
+        answer = dict.fromkeys(by_id, single)
+    if not isinstance(answer, Mapping):
+        raise ValidationError(
+            f"decisions must map call ids to decisions, got {type(answer).__name__}",
+            code="invalid_type",
+        )
+    unknown = [k for k in answer if k not in by_id]
+    if unknown:
+        raise ValidationError(
+            f"no pending call has id {', '.join(map(repr, unknown))}; pending: {list(by_id)}",
+            code="unknown",
+        )
+    missing = [k for k in by_id if k not in answer]
+    if missing:
+        raise ValidationError(
+            f"a decision is missing for pending call(s) {missing} "
+            f"({', '.join(by_id[k]['tool'] for k in missing)}); decide every pending call",
+            code="missing",
+        )
+    out: dict[str, dict[str, Any]] = {}
+    for call_id, raw in answer.items():
+        req = by_id[call_id]
+        decision = Decision.coerce(raw)
+        allowed = req.get("allowed") or list(DECISION_TYPES)
+        if decision.type not in allowed:
+            raise ValidationError(
+                f"{decision.type!r} is not allowed for call {call_id} ({req['tool']}); "
+                f"allowed: {allowed}",
+                code="invalid_value",
+            )
+        if decision.type == "edit":
+            name = decision.name or req["tool"]
+            tool = spec.tools.get(name)
+            if tool is None:
+                raise ValidationError(
+                    f"edit of call {call_id} names tool {name!r}, which the agent does not have",
+                    code="unknown",
+                )
+            try:
+                tool.validate(decision.args or {})
+            except ToolArgumentsError as exc:
+                raise ValidationError(
+                    f"edited args for call {call_id} do not fit {name!r}: {exc}",
+                    code="invalid_value",
+                ) from None
+        out[call_id] = decision.to_dict()
+    return out
+
+
+class ApprovalNode:
+    def __init__(self, spec: AgentSpec) -> None:
+        self.spec = spec
+
+    async def __call__(self, payload: dict[str, Any]) -> Command[Any]:
+        requests: list[dict[str, Any]] = payload["requests"]
+        question: dict[str, Any] = {"type": APPROVAL_INTERRUPT, "requests": requests}
+        answer = interrupt(question)
+        while True:
+            try:
+                decisions = check_decisions(answer, requests, self.spec)
+                break
+            except ValidationError as exc:
+                # An answer that does not fit (say, typed in LangGraph Studio) asks again,
+                # saying why, instead of failing the run; nothing ran yet.
+                answer = interrupt({**question, "error": str(exc)})
+        base: dict[str, Any] = {k: payload[k] for k in ("run_id", "state") if k in payload}
+        sends = []
+        for call in payload["calls"]:
+            task = {**base, "call": call}
+            decision = decisions.get(call["id"])
+            if decision is not None:
+                task["decision"] = decision
+            sends.append(Send("tools", task))
+        return Command(goto=sends)

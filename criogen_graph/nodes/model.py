@@ -1,0 +1,392 @@
+"""The `model` node: limits, `before_model` hooks, the model call (retries, fallbacks),
+`after_model` hooks, typed output, and the routing of the reply's tool calls."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from langgraph.types import Command, Overwrite, Send
+
+from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
+from criogen_graph.errors import ModelError
+from criogen_graph.hooks import HookAction, HookContext, HookFailedError, call_hook
+from criogen_graph.nodes.spec import AgentSpec
+from criogen_graph.nodes.state import add_usage, new_run, normalize_message, tool_ran
+from criogen_graph.results import empty_usage
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def not_run_messages(calls: list[dict[str, Any]], reason: str) -> list[dict[str, Any]]:
+    """Tool messages for calls that will not run, so the transcript stays well-formed
+    (every call answered) for the next turn."""
+    return [
+        {
+            "role": "tool",
+            "tool_call_id": c["id"],
+            "name": c["name"],
+            "content": f"Not run: {reason}",
+            "status": "skipped",
+        }
+        for c in calls
+    ]
+
+
+class ModelNode:
+    """One model call per superstep."""
+
+    def __init__(self, spec: AgentSpec) -> None:
+        self.spec = spec
+
+    async def __call__(self, state: dict[str, Any]) -> Any:
+        spec = self.spec
+        messages: list[dict[str, Any]] = state.get("messages") or []
+        prev = state.get("run")
+        if not prev or not prev.get("run_id") or prev.get("stop_reason") is not None:
+            # A run started without the API (LangGraph Studio, a raw graph call).
+            run = new_run(uuid.uuid4().hex, prev.get("hooks") if prev else None)
+        else:
+            run = dict(prev)
+        user_state: Mapping[str, Any] = state.get("state") or _EMPTY
+
+        # Account for the tool calls answered since the previous model call.
+        i = len(messages)
+        ran = 0
+        direct: dict[str, Any] | None = None
+        while i and messages[i - 1].get("role") == "tool":
+            i -= 1
+            m = messages[i]
+            if tool_ran(m):
+                ran += 1
+            sub_usage = m.get("usage")
+            if sub_usage:
+                run["usage"] = add_usage(run["usage"], sub_usage)
+            if m.get("return_direct") and m.get("status") == "ok":
+                direct = m  # walking backwards: ends on the first in call order
+        if ran:
+            run["tool_calls"] = run["tool_calls"] + ran
+        if direct is not None:
+            run["stop_reason"] = "return_direct"
+            run["output"] = direct.get("content")
+            return {"run": run}
+
+        limits = spec.limits
+        if run["model_calls"] >= limits.model_calls:
+            return self._limit(run, "model_calls", limits.model_calls)
+        if limits.tokens is not None:
+            usage = run["usage"]
+            if usage["input_tokens"] + usage["output_tokens"] >= limits.tokens:
+                return self._limit(run, "tokens", limits.tokens)
+
+        hooks = spec.hooks
+        transcript = messages
+        replaced = False
+        if hooks.before_model:
+            for name, fn in hooks.before_model:
+                action = await self._hook(name, "before_model", fn, run, transcript, user_state)
+                if action is None:
+                    continue
+                if action.message is not None:
+                    raise HookFailedError(
+                        f"hook {name!r}: before_model cannot set `message` (that is for "
+                        "after_model); use `messages` to replace the transcript",
+                        hook=name,
+                        method="before_model",
+                    )
+                if action.messages is not None:
+                    transcript = _checked_transcript(name, action.messages)
+                    replaced = True
+                if action.end:
+                    run["stop_reason"] = "hook_end"
+                    run["output"] = action.output
+                    return (
+                        {"messages": Overwrite(transcript), "run": run}
+                        if replaced
+                        else {"run": run}
+                    )
+
+        system = spec.system_message
+        request = ModelRequest(
+            [system, *transcript] if system is not None else transcript,
+            spec.tool_specs,
+            spec.output.schema if spec.output is not None else None,
+        )
+        response, model = await self._call_model(request, run)
+        run["model_calls"] = run["model_calls"] + 1
+        run["usage"] = add_usage(run["usage"], response.usage)
+        ident = model.identity
+        if ident not in run["models"]:
+            run["models"] = [*run["models"], ident]
+        run["answered_by"] = ident
+        msg = response.message
+        msg["id"] = "msg_" + uuid.uuid4().hex
+        new: list[dict[str, Any]] = [msg]
+
+        if response.stop_reason == "content_filter":
+            msg.pop("tool_calls", None)
+            run["stop_reason"] = "content_filter"
+            if not msg.get("content"):
+                new = []
+            return self._update(transcript, replaced, new, run)
+
+        ended = False
+        if hooks.after_model:
+            for name, fn in hooks.after_model:
+                action = await self._hook(
+                    name, "after_model", fn, run, [*transcript, msg], user_state
+                )
+                if action is None:
+                    continue
+                if action.messages is not None:
+                    raise HookFailedError(
+                        f"hook {name!r}: after_model cannot set `messages`; use `message` to "
+                        "replace the reply",
+                        hook=name,
+                        method="after_model",
+                    )
+                if action.message is not None:
+                    msg = _checked_reply(name, action.message, msg["id"])
+                    new[0] = msg
+                if action.end:
+                    ended = True
+                    run["stop_reason"] = "hook_end"
+                    run["output"] = action.output
+                    break
+
+        calls: list[dict[str, Any]] | None = msg.get("tool_calls")
+        if ended:
+            if calls:
+                new.extend(not_run_messages(calls, "the run was ended by a hook"))
+            return self._update(transcript, replaced, new, run)
+        if not calls:
+            output = spec.output
+            if output is None:
+                run["stop_reason"] = "final_answer"
+                return self._update(transcript, replaced, new, run)
+            value, problem = output.parse(msg.get("content") or "")
+            if problem is None:
+                run["stop_reason"] = "output"
+                run["output"] = value
+                return self._update(transcript, replaced, new, run)
+            new.append(
+                {"role": "user", "content": output.correction(problem), "kind": "output_retry"}
+            )
+            return Command(update=self._update(transcript, replaced, new, run), goto="model")
+
+        if run["tool_calls"] + len(calls) > limits.tool_calls:
+            new.extend(not_run_messages(calls, "the run reached its tool call limit"))
+            return self._limit(
+                run, "tool_calls", limits.tool_calls, self._update(transcript, replaced, new, run)
+            )
+
+        base: dict[str, Any] = {"run_id": run["run_id"]}
+        if user_state:
+            base["state"] = dict(user_state)
+        approvals = spec.approvals
+        if approvals:
+            requests = []
+            for c in calls:
+                rule = approvals.get(c["name"])
+                if rule is not None and _gated(rule, c):
+                    requests.append(rule.request(c).to_dict())
+            if requests:
+                return Command(
+                    update=self._update(transcript, replaced, new, run),
+                    goto=Send("approval", {**base, "calls": calls, "requests": requests}),
+                )
+        return Command(
+            update=self._update(transcript, replaced, new, run),
+            goto=[Send("tools", {**base, "call": c}) for c in calls],
+        )
+
+    @staticmethod
+    def _update(
+        transcript: list[dict[str, Any]],
+        replaced: bool,
+        new: list[dict[str, Any]],
+        run: dict[str, Any],
+    ) -> dict[str, Any]:
+        if replaced:
+            return {"messages": Overwrite([*transcript, *new]), "run": run}
+        return {"messages": tuple(new), "run": run} if new else {"run": run}
+
+    @staticmethod
+    def _limit(
+        run: dict[str, Any], limit: str, value: int, update: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        run["stop_reason"] = "limit"
+        run["error"] = {"limit": limit, "value": value}
+        if update is None:
+            return {"run": run}
+        update["run"] = run
+        return update
+
+    async def _hook(
+        self,
+        name: str,
+        method: str,
+        fn: Any,
+        run: dict[str, Any],
+        transcript: list[dict[str, Any]],
+        user_state: Mapping[str, Any],
+    ) -> HookAction | None:
+        hook_states = run.get("hooks") or {}
+        ctx = HookContext(
+            run_id=run["run_id"],
+            messages=transcript,
+            model_calls=run["model_calls"],
+            hook_state=hook_states.get(name),
+            state=MappingProxyType(dict(user_state)),
+        )
+        try:
+            action = await call_hook(fn, ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise HookFailedError(
+                f"hook {name!r} raised in {method}: {type(exc).__name__}: {exc}",
+                hook=name,
+                method=method,
+            ) from exc
+        if action is None:
+            return None
+        if not isinstance(action, HookAction):
+            raise HookFailedError(
+                f"hook {name!r}: {method} must return a HookAction or None, got "
+                f"{type(action).__name__}",
+                hook=name,
+                method=method,
+            )
+        if action.saves_state:
+            run["hooks"] = {**hook_states, name: action.state}
+        return action
+
+    async def _call_model(
+        self, request: ModelRequest, run: dict[str, Any]
+    ) -> tuple[ModelResponse, Model]:
+        spec = self.spec
+        retry = spec.model_retry
+        failures: list[ModelError] = []
+        models = spec.models
+        err: ModelError | None = None
+        model = models[0]
+        for index, model in enumerate(models):
+            attempt = 0
+            while True:
+                attempt += 1
+                try:
+                    return await model.generate(request), model
+                except ModelError as exc:
+                    err = exc
+                if err.provider is None:
+                    err.provider, err.model = model.provider, model.name
+                if not err.transient or attempt >= retry.max_attempts:
+                    break
+                wait = retry.backoff(attempt)
+                if err.retry_after is not None:
+                    if err.retry_after > spec.max_retry_after_secs:
+                        break  # asked to wait longer than we are willing to
+                    wait = max(wait, err.retry_after)
+                await asyncio.sleep(wait)
+            failures.append(err)
+            more = index + 1 < len(models)
+            if not (more and (err.transient or err.kind in spec.fallback_on)):
+                break
+        assert err is not None
+        if err.kind == "content_filter":
+            # A safety stop is an answer, not a crash: the run ends with that stop reason.
+            return ModelResponse(
+                {"role": "assistant", "content": ""}, empty_usage(), "content_filter"
+            ), model
+        raise _final_error(failures)
+
+
+def _final_error(failures: list[ModelError]) -> ModelError:
+    primary = failures[0]
+    last = failures[-1]
+    if len(failures) == 1:
+        message = f"{primary.provider}:{primary.model} failed ({primary.kind}): {primary.message}"
+    else:
+        tried = ", ".join(f"{f.provider}:{f.model} ({f.kind})" for f in failures[1:])
+        message = (
+            f"{primary.provider}:{primary.model} failed ({primary.kind}): {primary.message}; "
+            f"fallbacks tried: {tried}"
+        )
+    error = ModelError(
+        message,
+        kind=primary.kind,
+        provider=primary.provider,
+        model=primary.model,
+        status=primary.status,
+        retry_after=primary.retry_after,
+        attempts=[
+            {"provider": f.provider, "model": f.model, "kind": f.kind, "message": f.message}
+            for f in failures
+        ],
+    )
+    error.__cause__ = last
+    return error
+
+
+def _gated(rule: Any, call: dict[str, Any]) -> bool:
+    try:
+        return bool(rule.applies(call.get("args") or {}))
+    except Exception:
+        # A predicate that fails cannot vouch for the call: a person decides.
+        return True
+
+
+def _checked_transcript(hook: str, messages: Any) -> list[dict[str, Any]]:
+    if isinstance(messages, str | bytes) or not isinstance(messages, list | tuple):
+        raise HookFailedError(
+            f"hook {hook!r}: HookAction(messages=...) must be a list of message dicts",
+            hook=hook,
+            method="before_model",
+        )
+    try:
+        return [normalize_message(dict(m) if isinstance(m, Mapping) else m) for m in messages]
+    except ValueError as exc:
+        raise HookFailedError(f"hook {hook!r}: {exc}", hook=hook, method="before_model") from exc
+
+
+def _checked_reply(hook: str, message: Any, msg_id: str) -> dict[str, Any]:
+    if not isinstance(message, Mapping):
+        raise HookFailedError(
+            f"hook {hook!r}: HookAction(message=...) must be an assistant message dict",
+            hook=hook,
+            method="after_model",
+        )
+    out = dict(message)
+    if out.setdefault("role", "assistant") != "assistant":
+        raise HookFailedError(
+            f"hook {hook!r}: the replacement reply must have role 'assistant'",
+            hook=hook,
+            method="after_model",
+        )
+    out.setdefault("content", "")
+    out.setdefault("id", msg_id)
+    calls = out.get("tool_calls")
+    if calls:
+        fixed = []
+        for c in calls:
+            if not isinstance(c, Mapping) or not isinstance(c.get("name"), str):
+                raise HookFailedError(
+                    f"hook {hook!r}: each tool call needs a 'name' and 'args'",
+                    hook=hook,
+                    method="after_model",
+                )
+            fixed.append(
+                {
+                    "id": str(c.get("id") or "call_" + uuid.uuid4().hex[:16]),
+                    "name": c["name"],
+                    "args": dict(c.get("args") or {}),
+                }
+            )
+        out["tool_calls"] = fixed
+    else:
+        out.pop("tool_calls", None)
+    return out

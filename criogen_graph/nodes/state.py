@@ -1,0 +1,134 @@
+"""The graph state: the transcript, the run's bookkeeping, and the user's run state.
+
+- `messages`: the transcript as plain dicts (`{"role", "content", ...}`), appended to by
+  the nodes; a `before_model` hook may replace it (written as `Overwrite`).
+- `run`: one dict of bookkeeping for the current run (id, counters, usage, models, stop
+  reason, output) plus `hooks`, the state hooks saved, which outlives the run.
+- `state`: the run state the caller passed (`state=`), read-only to hooks and tools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any, TypedDict
+
+from langgraph.channels.delta import DeltaChannel
+
+from criogen_graph.results import USAGE_KEYS, empty_usage
+
+_LC_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
+
+
+def normalize_message(m: Any) -> dict[str, Any]:
+    """A transcript dict from a dict, a `(role, text)` pair, a string (a user message) or
+    a LangChain message (e.g. one sent from LangGraph Studio's chat)."""
+    if type(m) is dict and "role" in m:
+        return m
+    if isinstance(m, str):
+        return {"role": "user", "content": m}
+    if isinstance(m, tuple) and len(m) == 2:
+        role = _LC_ROLES.get(m[0], m[0])
+        return {"role": role, "content": m[1]}
+    if isinstance(m, dict):
+        kind = m.get("type")
+        if kind in _LC_ROLES:
+            out = {"role": _LC_ROLES[kind], "content": m.get("content", "")}
+            if m.get("tool_calls"):
+                out["tool_calls"] = [
+                    {"id": c.get("id"), "name": c.get("name"), "args": c.get("args") or {}}
+                    for c in m["tool_calls"]
+                ]
+            if m.get("tool_call_id"):
+                out["tool_call_id"] = m["tool_call_id"]
+            return out
+        raise ValueError(f"a message needs a 'role' (user, assistant, tool, system): {m!r}")
+    kind = getattr(m, "type", None)
+    if kind in _LC_ROLES and hasattr(m, "content"):
+        out = {"role": _LC_ROLES[kind], "content": m.content}
+        if getattr(m, "tool_calls", None):
+            out["tool_calls"] = [
+                {"id": c.get("id"), "name": c["name"], "args": c.get("args") or {}}
+                for c in m.tool_calls
+            ]
+        if getattr(m, "tool_call_id", None):
+            out["tool_call_id"] = m.tool_call_id
+        return out
+    raise ValueError(f"cannot read {m!r} as a message")
+
+
+def append_messages(state: list[dict[str, Any]], writes: Sequence[Any]) -> list[dict[str, Any]]:
+    """The `messages` reducer: appends each write (a message or a list of them).
+
+    It is batching-invariant, as `DeltaChannel` requires, so checkpoints store only what
+    each step added instead of a copy of the whole transcript.
+
+    The nodes write tuples: LangGraph turns message dicts inside a *list* written to a
+    `DeltaChannel` into LangChain messages (`ensure_message_ids`), and the transcript is
+    meant to stay plain dicts. Lists (from Studio, or tuples read back from a checkpoint)
+    are normalized here.
+    """
+    out = list(state)
+    for w in writes:
+        if type(w) is tuple or type(w) is list:
+            for m in w:
+                out.append(m if type(m) is dict and "role" in m else normalize_message(m))
+        else:
+            out.append(w if type(w) is dict and "role" in w else normalize_message(w))
+    return out
+
+
+def merge_run(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """The `run` reducer: keys merge; a write with a new `run_id` starts a new run and
+    keeps only the saved hook states."""
+    if not old:
+        return new
+    rid = new.get("run_id")
+    if rid is not None and rid != old.get("run_id"):
+        if "hooks" not in new and "hooks" in old:
+            return {**new, "hooks": old["hooks"]}
+        return new
+    return {**old, **new}
+
+
+class AgentState(TypedDict, total=False):
+    """The state of an agent graph (see the module docstring)."""
+
+    messages: Annotated[list[dict[str, Any]], DeltaChannel(append_messages)]
+    run: Annotated[dict[str, Any], merge_run]
+    state: dict[str, Any]
+
+
+def new_run(run_id: str, hooks: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The bookkeeping a run starts with."""
+    run: dict[str, Any] = {
+        "run_id": run_id,
+        "model_calls": 0,
+        "tool_calls": 0,
+        "usage": empty_usage(),
+        "models": [],
+        "answered_by": None,
+        "stop_reason": None,
+        "output": None,
+        "error": None,
+    }
+    if hooks is not None:
+        run["hooks"] = hooks
+    return run
+
+
+def add_usage(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
+    out = dict(total)
+    for k in USAGE_KEYS:
+        v = more.get(k)
+        if v:
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+#: Statuses of a tool message whose tool function actually ran.
+RAN_STATUSES = frozenset({"ok", "error", "timeout"})
+
+
+def tool_ran(m: dict[str, Any]) -> bool:
+    """Whether a tool message records a call whose tool function ran."""
+    return m.get("status") in RAN_STATUSES and "error_kind" not in m

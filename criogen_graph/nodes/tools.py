@@ -1,0 +1,273 @@
+"""The `tools` node: one task per tool call (a `Send`), so each finished call is saved as
+its own pending write and is never run again. Decisions, `before_tool` / `after_tool`
+hooks, argument validation, timeouts, tool retries and `on_tool_exception` live here."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+
+from criogen_graph.errors import LimitExceededError, ToolError, ToolExecutionError
+from criogen_graph.hooks import ToolCall, ToolResult, call_hook
+from criogen_graph.nodes.spec import AgentSpec
+from criogen_graph.tools import Tool, ToolArgumentsError, ToolContext
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+_NOTHING: Any = object()
+
+
+class ToolOutput:
+    """A tool result that carries more than its value: the token usage of a sub-agent."""
+
+    __slots__ = ("usage", "value")
+
+    def __init__(self, value: Any, usage: dict[str, int] | None = None) -> None:
+        self.value = value
+        self.usage = usage
+
+
+class _Timeout(Exception):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds)
+        self.seconds = seconds
+
+
+def _json_default(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def to_content(value: Any) -> str:
+    """A tool result as the text the model reads (JSON for anything but a string)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, default=_json_default, ensure_ascii=False)
+
+
+def _exc_text(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class ToolsNode:
+    def __init__(self, spec: AgentSpec) -> None:
+        self.spec = spec
+
+    async def __call__(self, payload: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        return {"messages": (await self.run_call(payload, config),)}
+
+    async def run_call(self, payload: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        spec = self.spec
+        call: dict[str, Any] = payload["call"]
+        call_id: str = call["id"]
+        called: str = call["name"]
+        name = called
+        args: dict[str, Any] = call.get("args") or {}
+        note: str | None = None
+        changed_by: list[str] = []
+
+        def message(content: str, status: str, **extra: Any) -> dict[str, Any]:
+            msg: dict[str, Any] = {
+                "role": "tool",
+                "tool_call_id": call_id,
+                "name": called,
+                "content": content,
+                "status": status,
+            }
+            if extra:
+                msg.update(extra)
+            if changed_by:
+                msg["changed_by"] = changed_by
+            return msg
+
+        decision = payload.get("decision")
+        if decision is not None:
+            kind = decision["type"]
+            if kind == "reject":
+                reason = decision.get("message")
+                return message(
+                    f"The user rejected this call to {called}"
+                    + (f": {reason}" if reason else ".")
+                    + " Do not retry it; continue without it.",
+                    "rejected",
+                    decision=kind,
+                )
+            if kind == "respond":
+                return message(decision["message"], "skipped", decision=kind)
+            if kind == "edit":
+                name = decision.get("name") or called
+                args = decision.get("args") or {}
+                note = (
+                    f"[A reviewer edited this call before it ran: it ran as {name} with "
+                    f"{to_content(args)}. Do not repeat the original call.]\n"
+                )
+
+        def done(content: str, status: str, **extra: Any) -> dict[str, Any]:
+            if note is not None:
+                content = note + content
+                extra["decision"] = "edit"
+                if name != called:
+                    extra["tool"] = name
+            return message(content, status, **extra)
+
+        ctx = ToolContext(
+            run_id=payload.get("run_id", ""),
+            call_id=call_id,
+            tool=name,
+            thread_id=(config.get("configurable") or {}).get("thread_id"),
+            state=MappingProxyType(payload["state"]) if "state" in payload else _EMPTY,
+        )
+        hooks = spec.hooks
+        tc = ToolCall(call_id, name, dict(args))
+        value: Any = _NOTHING
+        status = "ok"
+        if hooks.before_tool:
+            try:
+                for hname, fn in hooks.before_tool:
+                    res = await call_hook(fn, tc)
+                    if res is None:
+                        continue
+                    if isinstance(res, ToolResult):
+                        value = res.value
+                        status = "skipped"
+                        changed_by.append(hname)
+                        break
+                    if isinstance(res, ToolCall):
+                        tc = res
+                        changed_by.append(hname)
+                        continue
+                    raise TypeError(
+                        f"before_tool of hook {hname!r} must return a ToolCall, a ToolResult "
+                        f"or None, got {type(res).__name__}"
+                    )
+            except ToolError as exc:
+                return done(f"Error: {exc.message}", "error", error_kind="hook")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                return self._failed(exc, tc, done, error_kind="hook")
+            if tc.name != name:
+                ctx = dataclasses.replace(ctx, tool=tc.name)
+
+        tool: Tool | None = None
+        if value is _NOTHING:
+            if "args_error" in call and tc.args == args and tc.name == called:
+                return done(f"Error: {call['args_error']}", "error", error_kind="invalid_args")
+            tool = spec.tools.get(tc.name)
+            if tool is None:
+                return done(
+                    f"Error: there is no tool named {tc.name!r}. Available tools: "
+                    f"{', '.join(spec.tools) or '(none)'}.",
+                    "error",
+                    error_kind="unknown_tool",
+                )
+            try:
+                validated = tool.validate(tc.args)
+            except ToolArgumentsError as exc:
+                return done(
+                    f"Error: invalid arguments for {tc.name}: {exc}. Call it again with "
+                    "arguments that match its schema.",
+                    "error",
+                    error_kind="invalid_args",
+                )
+            try:
+                value = await self._execute(tool, validated, ctx)
+            except ToolError as exc:
+                return done(f"Error: {exc.message}", "error")
+            except _Timeout as exc:
+                return done(
+                    f"Error: the tool {tc.name} timed out after {exc.seconds:g} s.", "timeout"
+                )
+            except asyncio.CancelledError:
+                raise
+            except LimitExceededError as exc:
+                if exc.limit == "agent_depth":
+                    raise
+                return self._failed(exc, tc, done)
+            except Exception as exc:
+                return self._failed(exc, tc, done)
+
+        usage = None
+        if isinstance(value, ToolOutput):
+            usage = value.usage
+            value = value.value
+        if hooks.after_tool:
+            try:
+                for hname, fn in hooks.after_tool:
+                    res = await call_hook(fn, tc, value)
+                    if res is not None:
+                        value = res
+                        changed_by.append(hname)
+            except ToolError as exc:
+                return done(f"Error: {exc.message}", "error")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                return self._failed(exc, tc, done)
+        extra: dict[str, Any] = {}
+        if usage:
+            extra["usage"] = usage
+        if tool is not None and tool.return_direct and status == "ok":
+            extra["return_direct"] = True
+        return done(to_content(value), status, **extra)
+
+    async def _execute(self, tool: Tool, args: Any, ctx: ToolContext) -> Any:
+        spec = self.spec
+        timeout = tool.timeout_secs or spec.limits.tool_timeout_secs
+        retry = spec.tool_retry
+        attempts = retry.max_attempts if tool.retryable else 1
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                async with asyncio.timeout(timeout) as deadline:
+                    return await tool.run(args, ctx)
+            except ToolError:
+                raise
+            except TimeoutError:
+                if not deadline.expired():
+                    if attempt >= attempts:
+                        raise
+                elif attempt >= attempts:
+                    raise _Timeout(timeout) from None
+            except Exception:
+                if attempt >= attempts:
+                    raise
+            await asyncio.sleep(retry.backoff(attempt))
+
+    def _failed(
+        self,
+        exc: BaseException,
+        tc: ToolCall,
+        done: Callable[..., dict[str, Any]],
+        **extra: Any,
+    ) -> dict[str, Any]:
+        policy = self.spec.on_tool_exception
+        if policy == "fail":
+            raise ToolExecutionError(
+                f"tool {tc.name!r} (call {tc.call_id}) raised {_exc_text(exc)}",
+                tool=tc.name,
+                call_id=tc.call_id,
+            ) from exc
+        if policy == "return_generic":
+            return done(
+                f"Error: the tool {tc.name} failed.",
+                "error",
+                artifact={"error": _exc_text(exc)},
+                **extra,
+            )
+        return done(f"Error: {_exc_text(exc)}", "error", **extra)

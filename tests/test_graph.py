@@ -1,0 +1,127 @@
+"""agent.graph is a real LangGraph graph: its nodes, drawing, stepping with a
+checkpointer, one task per tool call, the approval interrupt, raw inputs from Studio."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.config import get_config
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import Command
+
+from criogen_graph import Agent, FakeModel, FakeReply, HookContext, ToolCall, tool
+
+
+@tool
+async def echo(text: str) -> str:
+    """Echo."""
+    return text
+
+
+@tool
+async def refund(order_id: str) -> str:
+    """Refund."""
+    return f"refunded {order_id}"
+
+
+def test_graph_shape_and_drawing() -> None:
+    agent = Agent(FakeModel([]), tools=[echo])
+    graph = agent.graph
+    assert isinstance(graph, CompiledStateGraph)
+    assert graph.checkpointer is None
+    drawn = graph.get_graph()
+    assert set(drawn.nodes) == {"__start__", "model", "approval", "tools", "__end__"}
+    edges = {(e.source, e.target) for e in drawn.edges}
+    assert {
+        ("__start__", "model"),
+        ("model", "tools"),
+        ("model", "approval"),
+        ("approval", "tools"),
+        ("tools", "model"),
+        ("model", "__end__"),
+    } <= edges
+    mermaid = graph.get_graph().draw_mermaid()
+    for node in ("model", "approval", "tools"):
+        assert f"{node}({node})" in mermaid
+    assert agent.graph is graph  # compiled once
+
+
+async def test_step_by_step_with_a_checkpointer_one_task_per_call() -> None:
+    agent = Agent(
+        FakeModel([FakeReply.tool_calls(("echo", {"text": "a"}), ("echo", {"text": "b"})), "done"]),
+        tools=[echo],
+    )
+    graph = agent.graph.builder.compile(checkpointer=InMemorySaver())
+    cfg: dict[str, Any] = {"configurable": {"thread_id": "step"}}
+    await graph.ainvoke(
+        {"messages": [{"role": "user", "content": "go"}]}, cfg, interrupt_before=["tools"]
+    )
+    snap = await graph.aget_state(cfg)
+    assert snap.next == ("tools", "tools")  # one task per tool call
+    assert snap.values["messages"][-1]["tool_calls"][1]["args"] == {"text": "b"}
+    out = await graph.ainvoke(None, cfg)
+    assert out["messages"][-1]["content"] == "done"
+    assert [m["content"] for m in out["messages"] if m["role"] == "tool"] == ["a", "b"]
+    history = [s async for s in graph.aget_state_history(cfg)]
+    assert [s.next for s in history][:3] == [(), ("model",), ("tools", "tools")]
+
+
+async def test_approval_is_a_langgraph_interrupt_answered_with_plain_json() -> None:
+    model = FakeModel(
+        [FakeReply.tool_calls(("refund", {"order_id": "A-1"}), ("echo", {"text": "x"})), "refunded"]
+    )
+    agent = Agent(model, tools=[refund, echo], approve=["refund"])
+    graph = agent.graph.builder.compile(checkpointer=InMemorySaver())
+    cfg: dict[str, Any] = {"configurable": {"thread_id": "appr"}}
+    out = await graph.ainvoke(
+        {"messages": [{"role": "user", "content": "refund A-1"}]}, cfg, version="v2"
+    )
+    (intr,) = out.interrupts
+    assert intr.value["type"] == "approval"
+    (req,) = intr.value["requests"]
+    assert req["tool"] == "refund" and req["args"] == {"order_id": "A-1"}
+    snap = await graph.aget_state(cfg)
+    assert snap.next == ("approval",)
+
+    # An answer that does not fit asks again, saying why; nothing ran.
+    out = await graph.ainvoke(Command(resume={"nope": {"type": "approve"}}), cfg, version="v2")
+    (again,) = out.interrupts
+    assert "no pending call has id 'nope'" in again.value["error"]
+    assert all(m["role"] != "tool" for m in out.value["messages"])
+
+    out = await graph.ainvoke(
+        Command(resume={req["call_id"]: {"type": "approve"}}), cfg, version="v2"
+    )
+    assert out.interrupts == ()
+    tools = [m for m in out.value["messages"] if m["role"] == "tool"]
+    assert [m["content"] for m in tools] == ["refunded A-1", "x"]
+    assert out.value["messages"][-1]["content"] == "refunded"
+
+
+async def test_raw_inputs_work_like_studio_sends_them() -> None:
+    agent = Agent(FakeModel(["hello", "again"]))
+    out = await agent.graph.ainvoke({"messages": [{"role": "user", "content": "hi"}]})
+    assert out["messages"][-1]["content"] == "hello"
+    assert out["run"]["stop_reason"] == "final_answer" and out["run"]["model_calls"] == 1
+    # LangChain-style messages (Studio's chat) become plain dicts
+    out = await agent.graph.ainvoke({"messages": [{"type": "human", "content": "hey"}]})
+    assert out["messages"][0] == {"role": "user", "content": "hey"}
+
+
+async def test_hooks_run_inside_the_nodes() -> None:
+    nodes: list[tuple[str, str]] = []
+
+    class Where:
+        name = "where"
+
+        def before_model(self, ctx: HookContext) -> None:
+            nodes.append(("before_model", get_config()["metadata"]["langgraph_node"]))
+
+        def before_tool(self, call: ToolCall) -> None:
+            nodes.append(("before_tool", get_config()["metadata"]["langgraph_node"]))
+
+    await Agent(
+        FakeModel([FakeReply.tool_call("echo", {"text": "x"}), "ok"]), tools=[echo], hooks=[Where()]
+    ).run("go")
+    assert nodes == [("before_model", "model"), ("before_tool", "tools"), ("before_model", "model")]
