@@ -31,6 +31,8 @@ from criogen_graph.hooks import (
 )
 from criogen_graph.options import Limits, Retry
 from criogen_graph.results import ApprovalRequest, Decision, Reply, RunResult
+from criogen_graph.storage import Storage
+from criogen_graph.thread import Thread
 from criogen_graph.tools import Tool, ToolContext, tool
 
 __version__ = "0.1.0"
@@ -59,7 +61,9 @@ __all__ = [
     "Reply",
     "Retry",
     "RunResult",
+    "Storage",
     "StorageError",
+    "Thread",
     "ThreadBusyError",
     "ThreadSuspendedError",
     "Tool",

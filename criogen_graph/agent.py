@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from langgraph.graph.state import CompiledStateGraph
 
     from criogen_graph.adapters.models.base import Model
+    from criogen_graph.storage import Storage
+    from criogen_graph.thread import Thread
 
 __all__ = ["Agent", "AgentTool"]
 
@@ -140,8 +142,17 @@ class Agent(Generic[Output]):
             hooks=compile_hooks(list(hooks) if not isinstance(hooks, Sequence) else hooks),
             name=name,
         )
-        self._storage_arg = storage
+        if storage is None:
+            storage = "memory://"
+        if isinstance(storage, str):
+            from criogen_graph.storage import Storage
+
+            storage = Storage(storage)
+        elif not _is_storage(storage):
+            raise TypeError(f"storage must be a Storage or a URL, got {storage!r}")
+        self._storage: Storage = storage
         self._graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
+        self._thread_graphs: dict[int, tuple[Any, CompiledStateGraph[Any, Any, Any, Any]]] = {}
         lim = self._spec.limits
         # Each model call takes at most three supersteps (model, approval, tools).
         self._config: RunnableConfig = {"recursion_limit": 3 * lim.model_calls + 10}
@@ -157,6 +168,31 @@ class Agent(Generic[Output]):
 
             self._graph = build_graph(self._spec).compile(name=self.name)
         return self._graph
+
+    def _thread_graph(self, storage: Storage) -> CompiledStateGraph[Any, Any, Any, Any]:
+        """The graph compiled with the storage's checkpointer (once per checkpointer)."""
+        saver = storage.checkpointer
+        cached = self._thread_graphs.get(id(storage))
+        if cached is not None and cached[0] is saver:
+            return cached[1]
+        from criogen_graph.graph import build_graph
+
+        graph = build_graph(self._spec).compile(checkpointer=saver, name=self.name)
+        self._thread_graphs[id(storage)] = (saver, graph)
+        return graph
+
+    @property
+    def storage(self) -> Storage:
+        """The storage that keeps this agent's threads (in memory unless `storage=` says
+        otherwise)."""
+        return self._storage
+
+    def thread(self, thread_id: str, *, actor: str | None = None) -> Thread[Output]:
+        """The conversation `thread_id` (created on first use); `actor` names who acts, for
+        the audit trail. Nothing is read or written until a method of the thread runs."""
+        from criogen_graph.thread import Thread
+
+        return Thread(self, thread_id, actor=actor)
 
     @property
     def model(self) -> Model:
@@ -432,6 +468,12 @@ class AgentTool(Tool):
             )
         value = result.output if result.output is not None else (result.text or "")
         return ToolOutput(value, result.usage)
+
+
+def _is_storage(value: object) -> bool:
+    from criogen_graph.storage import Storage
+
+    return isinstance(value, Storage)
 
 
 def _collect_tools(tools: Iterable[Any]) -> dict[str, Tool]:

@@ -1,0 +1,191 @@
+"""What every storage backend shares: the run segment that writes through its saver, the
+audit records that ride along with checkpoint writes, and the backend interface."""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from langgraph.checkpoint.base import BaseCheckpointSaver
+
+
+@dataclass(slots=True)
+class Segment:
+    """A run segment (send, approve, retry, ...) writing to one thread.
+
+    The saver attaches `audit` (the action's records) to the segment's first write, in the
+    same transaction, and records every tool call as its result is saved, so the audit
+    trail never disagrees with the checkpoints, whatever crashes. `last_config` is the
+    last checkpoint the segment saved.
+    """
+
+    thread_id: str
+    run_id: str
+    actor: str | None
+    audit: list[dict[str, Any]] = field(default_factory=list)
+    last_config: dict[str, Any] | None = None
+    last_step: int | None = None
+    #: The head as the segment read it before the run; LangGraph's own first read of
+    #: the head in the same segment gets it instead of asking the database again.
+    head: Any = None
+    head_cached: bool = False
+
+
+SEGMENT: contextvars.ContextVar[Segment | None] = contextvars.ContextVar(
+    "criogen_segment", default=None
+)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def record(
+    action: str,
+    thread_id: str,
+    *,
+    run_id: str | None,
+    actor: str | None,
+    **details: Any,
+) -> dict[str, Any]:
+    """One audit record."""
+    return {
+        "ts_ms": now_ms(),
+        "thread_id": thread_id,
+        "run_id": run_id,
+        "actor": actor,
+        "action": action,
+        "details": details,
+    }
+
+
+def segment_for(thread_id: str) -> Segment | None:
+    seg = SEGMENT.get()
+    return seg if seg is not None and seg.thread_id == thread_id else None
+
+
+def records_for_writes(
+    seg: Segment | None, writes: Sequence[tuple[str, Any]]
+) -> list[dict[str, Any]]:
+    """The audit records to save with a task's writes: the segment's pending action
+    records (once) and one record per tool call answered in these writes."""
+    if seg is None:
+        return []
+    out, seg.audit = seg.audit, []
+    for channel, value in writes:
+        if channel != "messages":
+            continue
+        items = value if isinstance(value, tuple | list) else (value,)
+        for m in items:
+            if isinstance(m, dict) and m.get("role") == "tool":
+                details: dict[str, Any] = {
+                    "call_id": m.get("tool_call_id"),
+                    "tool": m.get("name"),
+                    "status": m.get("status"),
+                }
+                if "tool" in m:
+                    details["ran_as"] = m["tool"]
+                for key in ("changed_by", "decision", "error_kind"):
+                    if key in m:
+                        details[key] = m[key]
+                out.append(
+                    record(
+                        "tool_call", seg.thread_id, run_id=seg.run_id, actor=seg.actor, **details
+                    )
+                )
+    return out
+
+
+def cached_head(config: Any) -> tuple[bool, Any]:
+    """`(True, tuple)` when the running segment already read this thread's head (once)."""
+    configurable = config.get("configurable") or {}
+    if configurable.get("checkpoint_id") or configurable.get("checkpoint_ns"):
+        return False, None
+    seg = segment_for(str(configurable.get("thread_id")))
+    if seg is None or not seg.head_cached:
+        return False, None
+    seg.head_cached = False
+    head, seg.head = seg.head, None
+    return True, head
+
+
+def records_for_put(
+    seg: Segment | None, config: dict[str, Any], metadata: Any
+) -> list[dict[str, Any]]:
+    """The pending action records to save with a checkpoint; remembers the checkpoint."""
+    if seg is None:
+        return []
+    seg.last_config = config
+    seg.last_step = int(metadata.get("step", 0)) if metadata else None
+    out, seg.audit = seg.audit, []
+    return out
+
+
+class TranscriptCache:
+    """The channel values at the latest checkpoint this process saved for a thread, so the
+    next run does not rebuild its transcript from the database (a `DeltaChannel` replays
+    its writes on every read). A checkpoint's values never change, and another process's
+    writes make new checkpoint ids, so a hit is always right. Bounded (LRU by thread)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._data: OrderedDict[str, tuple[str, dict[str, Any]]] = OrderedDict()
+
+    def remember(self, thread_id: str, checkpoint_id: str, values: Mapping[str, Any]) -> None:
+        self._data[thread_id] = (checkpoint_id, dict(values))
+        self._data.move_to_end(thread_id)
+        while len(self._data) > self.size:
+            self._data.popitem(last=False)
+
+    def forget(self, thread_id: str) -> None:
+        self._data.pop(thread_id, None)
+
+    def history(self, config: Any, channels: Sequence[str]) -> dict[str, Any] | None:
+        """A `get_delta_channel_history` answer from the cache, or None."""
+        configurable = config.get("configurable") or {}
+        if configurable.get("checkpoint_ns"):
+            return None
+        entry = self._data.get(str(configurable.get("thread_id")))
+        if entry is None or entry[0] != configurable.get("checkpoint_id"):
+            return None
+        values = entry[1]
+        if not all(ch in values for ch in channels):
+            return None
+        return {ch: {"seed": values[ch], "writes": []} for ch in channels}
+
+
+class Backend:
+    """A storage backend: a LangGraph checkpointer plus locks and the audit trail."""
+
+    saver: BaseCheckpointSaver[Any]
+    #: Cross-process lock hooks (None: in-process locks are enough).
+    try_lock: Callable[[str], Awaitable[bool]] | None = None
+    unlock: Callable[[str], Awaitable[None]] | None = None
+
+    async def open(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def write_audit(self, records: list[dict[str, Any]]) -> None:
+        raise NotImplementedError
+
+    async def read_audit(self, thread_id: str | None, limit: int | None) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    async def delete_audit(self, thread_id: str) -> int:
+        raise NotImplementedError
+
+    async def thread_ids(self) -> list[str]:
+        raise NotImplementedError
+
+    async def get_meta(self, key: str) -> bytes | None:
+        raise NotImplementedError
+
+    async def set_meta(self, key: str, value: bytes) -> None:
+        raise NotImplementedError

@@ -1,0 +1,472 @@
+"""`postgres://` / `postgresql://` URLs: LangGraph's async Postgres saver on a
+`psycopg_pool` pool, the audit trail in the same database, and session advisory locks held
+on one connection per storage (PostgreSQL releases them if the process dies)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import Any, cast
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.types import _DeltaSnapshot
+
+from criogen_graph.adapters.storage.base import (
+    Backend,
+    TranscriptCache,
+    cached_head,
+    records_for_put,
+    records_for_writes,
+    segment_for,
+)
+from criogen_graph.errors import StorageError
+
+_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS criogen_audit (
+        id BIGSERIAL PRIMARY KEY,
+        thread_id TEXT NOT NULL,
+        ts_ms BIGINT NOT NULL,
+        run_id TEXT,
+        actor TEXT,
+        action TEXT NOT NULL,
+        type TEXT NOT NULL,
+        details BYTEA NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS criogen_audit_thread ON criogen_audit (thread_id, id)",
+    "CREATE TABLE IF NOT EXISTS criogen_meta (key TEXT PRIMARY KEY, value BYTEA NOT NULL)",
+]
+_INSERT_AUDIT = (
+    "INSERT INTO criogen_audit (thread_id, ts_ms, run_id, actor, action, type, details) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s)"
+)
+#: Advisory lock key that serializes schema setup across processes.
+_SETUP_KEY = 0x6372696F67656E  # "criogen"
+
+
+def safe_url(url: str) -> str:
+    """The URL without its password, for error messages."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def lock_key(thread_id: str) -> int:
+    """A signed 64-bit advisory lock key for a thread."""
+    digest = hashlib.blake2b(b"criogen-thread:" + thread_id.encode("utf-8"), digest_size=8)
+    return int.from_bytes(digest.digest(), "big", signed=True)
+
+
+_BLOBS = "checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)"
+_BLOBS_CONFLICT = "ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING"
+_CHECKPOINTS = (
+    "checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, "
+    "metadata)"
+)
+_CHECKPOINTS_CONFLICT = (
+    "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET "
+    "checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata"
+)
+_WRITES = (
+    "checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, "
+    "channel, type, blob)"
+)
+_WRITES_UPSERT = (
+    "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET "
+    "channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob"
+)
+_WRITES_IGNORE = "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING"
+_AUDIT = "criogen_audit (thread_id, ts_ms, run_id, actor, action, type, details)"
+
+Insert = tuple[str, str, list[tuple[Any, ...]]]  # table (columns), conflict clause, rows
+
+
+def _statement(main: Insert, *ctes: Insert) -> tuple[str, list[Any]]:
+    """Several multi-row inserts as one SQL statement (the others as data-modifying CTEs
+    of the `main` one): one round trip, committed atomically."""
+    params: list[Any] = []
+
+    def insert(part: Insert) -> str:
+        table, conflict, rows = part
+        row = "(" + ", ".join(["%s"] * len(rows[0])) + ")"
+        for r in rows:
+            params.extend(r)
+        return f"INSERT INTO {table} VALUES {', '.join([row] * len(rows))} {conflict}"
+
+    withs = [f"c{i} AS ({insert(part)})" for i, part in enumerate(ctes) if part[2]]
+    body = insert(main)
+    return (f"WITH {', '.join(withs)} {body}" if withs else body), params
+
+
+def _saver_class() -> type[Any]:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    class _Saver(AsyncPostgresSaver):
+        """`AsyncPostgresSaver` whose writes are one statement each (rows, blobs and audit
+        rows together: one round trip, atomic) on their own pooled connection, with no
+        saver-wide lock and no thread hop."""
+
+        transcripts: TranscriptCache
+
+        async def aget_delta_channel_history(
+            self, *, config: RunnableConfig, channels: Sequence[str]
+        ) -> Any:
+            hit = self.transcripts.history(config, channels)
+            if hit is not None:
+                return hit
+            return await super().aget_delta_channel_history(config=config, channels=channels)
+
+        def _audit_rows(self, records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+            rows = []
+            for r in records:
+                typ, blob = self.serde.dumps_typed(r["details"])
+                rows.append(
+                    (r["thread_id"], r["ts_ms"], r["run_id"], r["actor"], r["action"], typ, blob)
+                )
+            return rows
+
+        async def _execute(self, sql: str, params: list[Any]) -> None:
+            import psycopg
+
+            for attempt in (1, 2):
+                try:
+                    pool: Any = self.conn
+                    async with pool.connection() as conn:
+                        await conn.execute(sql, params, binary=True)
+                    return
+                except psycopg.OperationalError:
+                    # Upserts are idempotent: a connection that broke (say, it idled out
+                    # behind a proxy) is retried once on a fresh one.
+                    if attempt == 2:
+                        raise
+
+        async def aput(
+            self,
+            config: RunnableConfig,
+            checkpoint: Checkpoint,
+            metadata: CheckpointMetadata,
+            new_versions: ChannelVersions,
+        ) -> RunnableConfig:
+            from langgraph.checkpoint.base import get_serializable_checkpoint_metadata
+            from psycopg.types.json import Jsonb
+
+            configurable = config["configurable"]
+            thread_id = configurable["thread_id"]
+            checkpoint_ns = configurable["checkpoint_ns"]
+            parent_id = configurable.get("checkpoint_id")
+            copy = checkpoint.copy()
+            copy["channel_values"] = copy["channel_values"].copy()
+            next_config: RunnableConfig = {
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": checkpoint_ns,
+                    "checkpoint_id": checkpoint["id"],
+                }
+            }
+            blob_values = {}
+            for k, v in checkpoint["channel_values"].items():
+                if isinstance(v, _DeltaSnapshot):
+                    blob_values[k] = copy["channel_values"].pop(k)
+                    copy["channel_values"][k] = True
+                elif v is None or isinstance(v, str | int | float | bool):
+                    pass
+                else:
+                    blob_values[k] = copy["channel_values"].pop(k)
+            blob_versions = {k: v for k, v in new_versions.items() if k in blob_values}
+            blobs = self._dump_blobs(thread_id, checkpoint_ns, blob_values, blob_versions)
+            audit = self._audit_rows(
+                records_for_put(segment_for(str(thread_id)), dict(next_config), metadata)
+            )
+            meta = Jsonb(get_serializable_checkpoint_metadata(config, metadata))
+            sql, params = _statement(
+                (
+                    _CHECKPOINTS,
+                    _CHECKPOINTS_CONFLICT,
+                    [(thread_id, checkpoint_ns, checkpoint["id"], parent_id, Jsonb(copy), meta)],
+                ),
+                (_BLOBS, _BLOBS_CONFLICT, blobs),
+                (_AUDIT, "", audit),
+            )
+            await self._execute(sql, params)
+            return next_config
+
+        async def aput_writes(
+            self,
+            config: RunnableConfig,
+            writes: Sequence[tuple[str, Any]],
+            task_id: str,
+            task_path: str = "",
+        ) -> None:
+            if not writes:
+                return
+            conflict = (
+                _WRITES_UPSERT if all(w[0] in WRITES_IDX_MAP for w in writes) else _WRITES_IGNORE
+            )
+            configurable = config["configurable"]
+            rows = self._dump_writes(
+                configurable["thread_id"],
+                configurable["checkpoint_ns"],
+                configurable["checkpoint_id"],
+                task_id,
+                task_path,
+                writes,
+            )
+            audit = self._audit_rows(
+                records_for_writes(segment_for(str(configurable["thread_id"])), writes)
+            )
+            sql, params = _statement((_WRITES, conflict, list(rows)), (_AUDIT, "", audit))
+            await self._execute(sql, params)
+
+        async def aget_tuple(self, config: RunnableConfig) -> Any:
+            hit, head = cached_head(config)
+            if hit:
+                return head
+            from langgraph.checkpoint.base import get_checkpoint_id
+
+            configurable = config["configurable"]
+            thread_id = configurable["thread_id"]
+            checkpoint_id = get_checkpoint_id(config)
+            checkpoint_ns = configurable.get("checkpoint_ns", "")
+            if checkpoint_id:
+                args: tuple[Any, ...] = (thread_id, checkpoint_ns, checkpoint_id)
+                where = "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s"
+            else:
+                args = (thread_id, checkpoint_ns)
+                where = (
+                    "WHERE thread_id = %s AND checkpoint_ns = %s "
+                    "ORDER BY checkpoint_id DESC LIMIT 1"
+                )
+            import psycopg
+            from psycopg.rows import dict_row
+
+            for attempt in (1, 2):
+                try:
+                    pool: Any = self.conn
+                    async with (
+                        pool.connection() as conn,
+                        conn.cursor(binary=True, row_factory=dict_row) as cur,
+                    ):
+                        await cur.execute(self.SELECT_SQL + where, args, binary=True)
+                        value = await cur.fetchone()
+                    break
+                except psycopg.OperationalError:
+                    if attempt == 2:
+                        raise
+            if value is None:
+                return None
+            if value["checkpoint"]["v"] < 4 and value["parent_checkpoint_id"]:
+                # Old-format checkpoints: the parent class knows how to migrate them.
+                return await super().aget_tuple(config)
+            checkpoint: Any = {
+                **value["checkpoint"],
+                "channel_values": {
+                    **(value["checkpoint"].get("channel_values") or {}),
+                    **self._load_blobs(value["channel_values"]),
+                },
+            }
+            return CheckpointTuple(
+                {
+                    "configurable": {
+                        "thread_id": value["thread_id"],
+                        "checkpoint_ns": value["checkpoint_ns"],
+                        "checkpoint_id": value["checkpoint_id"],
+                    }
+                },
+                checkpoint,
+                value["metadata"],
+                (
+                    {
+                        "configurable": {
+                            "thread_id": value["thread_id"],
+                            "checkpoint_ns": value["checkpoint_ns"],
+                            "checkpoint_id": value["parent_checkpoint_id"],
+                        }
+                    }
+                    if value["parent_checkpoint_id"]
+                    else None
+                ),
+                self._load_writes(value["pending_writes"]),
+            )
+
+    return _Saver
+
+
+class PostgresBackend(Backend):
+    def __init__(
+        self,
+        url: str,
+        serde: SerializerProtocol | None,
+        *,
+        max_connections: int = 10,
+        connect_timeout_secs: float = 10,
+    ) -> None:
+        if url.startswith("postgres://"):
+            url = "postgresql://" + url[len("postgres://") :]
+        self.url = url
+        self._serde = serde
+        self._max = max_connections
+        self._connect_timeout = connect_timeout_secs
+        self._pool: Any = None
+        self._lock_conn: Any = None
+        self._lock_guard = asyncio.Lock()
+
+    def _unreachable(self, exc: BaseException) -> StorageError:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return StorageError(
+            f"cannot reach PostgreSQL at {safe_url(self.url)}: {reason}", code="unreachable"
+        )
+
+    async def _connect(self) -> Any:
+        import psycopg
+        from psycopg.rows import dict_row
+
+        try:
+            return await psycopg.AsyncConnection.connect(
+                self.url,
+                autocommit=True,
+                prepare_threshold=0,
+                row_factory=dict_row,
+                connect_timeout=max(1, int(self._connect_timeout)),
+            )
+        except psycopg.Error as exc:
+            raise self._unreachable(exc) from None
+
+    async def open(self) -> None:
+        try:
+            from psycopg.rows import dict_row
+            from psycopg_pool import AsyncConnectionPool
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise StorageError(
+                "PostgreSQL storage needs psycopg: pip install 'criogen-graph[postgres]'",
+                code="missing_dependency",
+            ) from exc
+        # One dedicated connection holds this process's advisory locks; it also proves the
+        # server is reachable, with its own error message, before the pool starts.
+        self._lock_conn = await self._connect()
+        pool = AsyncConnectionPool(
+            self.url,
+            min_size=1,
+            max_size=self._max,
+            open=False,
+            timeout=self._connect_timeout,
+            max_idle=300,
+            max_lifetime=1800,
+            kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+        )
+        try:
+            await pool.open(wait=True, timeout=self._connect_timeout)
+        except Exception as exc:
+            await pool.close()
+            await self._lock_conn.close()
+            raise self._unreachable(exc) from None
+        self._pool = pool
+        saver = _saver_class()(pool, serde=self._serde)
+        saver.transcripts = TranscriptCache()
+        async with self._lock_guard:
+            await self._lock_conn.execute("SELECT pg_advisory_lock(%s)", (_SETUP_KEY,))
+            try:
+                await saver.setup()
+                async with pool.connection() as conn:
+                    for stmt in _SCHEMA:
+                        await conn.execute(stmt)
+            finally:
+                await self._lock_conn.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_KEY,))
+        self.saver = saver
+        self.try_lock = self._try_lock
+        self.unlock = self._unlock
+
+    async def _lock_connection(self) -> Any:
+        conn = self._lock_conn
+        if conn is None or conn.closed or conn.broken:
+            # The old connection took its locks with it; a fresh one holds new ones.
+            conn = self._lock_conn = await self._connect()
+        return conn
+
+    async def _try_lock(self, thread_id: str) -> bool:
+        async with self._lock_guard:
+            conn = await self._lock_connection()
+            cur = await conn.execute(
+                "SELECT pg_try_advisory_lock(%s) AS ok", (lock_key(thread_id),)
+            )
+            row = await cur.fetchone()
+            return bool(row and row["ok"])
+
+    async def _unlock(self, thread_id: str) -> None:
+        async with self._lock_guard:
+            conn = self._lock_conn
+            if conn is None or conn.closed or conn.broken:
+                return  # gone with its connection
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (lock_key(thread_id),))
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+        if self._lock_conn is not None:
+            conn, self._lock_conn = self._lock_conn, None
+            await conn.close()
+
+    async def write_audit(self, records: list[dict[str, Any]]) -> None:
+        rows = cast(Any, self.saver)._audit_rows(records)
+        async with self._pool.connection() as conn, conn.cursor() as cur:
+            await cur.executemany(_INSERT_AUDIT, rows)
+
+    async def read_audit(self, thread_id: str | None, limit: int | None) -> list[dict[str, Any]]:
+        sql = "SELECT id, thread_id, ts_ms, run_id, actor, action, type, details FROM criogen_audit"
+        params: tuple[Any, ...] = ()
+        if thread_id is not None:
+            sql += " WHERE thread_id = %s"
+            params = (thread_id,)
+        sql += " ORDER BY id DESC"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(sql, params)
+            rows = await cur.fetchall()
+        serde = self.saver.serde
+        return [
+            {
+                "id": r["id"],
+                "thread_id": r["thread_id"],
+                "ts_ms": r["ts_ms"],
+                "run_id": r["run_id"],
+                "actor": r["actor"],
+                "action": r["action"],
+                "details": serde.loads_typed((r["type"], bytes(r["details"]))),
+            }
+            for r in reversed(rows)
+        ]
+
+    async def delete_audit(self, thread_id: str) -> int:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute("DELETE FROM criogen_audit WHERE thread_id = %s", (thread_id,))
+            return int(cur.rowcount)
+
+    async def thread_ids(self) -> list[str]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_ns = '' "
+                "ORDER BY thread_id"
+            )
+            return [r["thread_id"] for r in await cur.fetchall()]
+
+    async def get_meta(self, key: str) -> bytes | None:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute("SELECT value FROM criogen_meta WHERE key = %s", (key,))
+            row = await cur.fetchone()
+            return bytes(row["value"]) if row else None
+
+    async def set_meta(self, key: str, value: bytes) -> None:
+        async with self._pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO criogen_meta (key, value) VALUES (%s, %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                (key, value),
+            )

@@ -1,0 +1,595 @@
+"""`Thread`: one conversation kept in the agent's storage (a LangGraph thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from langgraph.types import Command
+
+from criogen_graph.adapters.storage.base import SEGMENT, Segment, record
+from criogen_graph.errors import (
+    CancelledError,
+    ThreadSuspendedError,
+    ValidationError,
+)
+from criogen_graph.nodes.approval import APPROVAL_INTERRUPT, check_decisions
+from criogen_graph.nodes.model import not_run_messages
+from criogen_graph.nodes.state import new_run
+from criogen_graph.results import ApprovalRequest, Decision, Reply
+
+if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import CheckpointTuple
+
+    from criogen_graph.agent import Agent
+
+__all__ = ["Thread"]
+
+Output = TypeVar("Output")
+
+# LangGraph's reserved write channels (pending writes of a checkpoint).
+_INTERRUPT = "__interrupt__"
+_ERROR = "__error__"
+
+
+class _Head:
+    """What the latest checkpoint of a thread says, read without rebuilding the
+    transcript (a `DeltaChannel` would replay its writes)."""
+
+    __slots__ = (
+        "exists",
+        "has_error",
+        "has_interrupt",
+        "id",
+        "run",
+        "source",
+        "state",
+        "step",
+        "version",
+    )
+
+    def __init__(self, tup: CheckpointTuple | None) -> None:
+        self.exists = tup is not None
+        if tup is None:
+            self.id = None
+            self.run: dict[str, Any] = {}
+            self.state: dict[str, Any] = {}
+            self.source = None
+            self.step = -2
+            self.version = 0
+            self.has_interrupt = self.has_error = False
+            return
+        self.id = tup.config["configurable"]["checkpoint_id"]
+        values = tup.checkpoint["channel_values"]
+        self.run = values.get("run") or {}
+        self.state = values.get("state") or {}
+        meta = tup.metadata or {}
+        self.source = meta.get("source")
+        self.step = int(meta.get("step", -1))
+        self.version = checkpoint_version(meta)
+        writes = tup.pending_writes or ()
+        self.has_interrupt = any(w[1] == _INTERRUPT for w in writes)
+        self.has_error = any(w[1] == _ERROR for w in writes)
+
+    @property
+    def finished(self) -> bool:
+        """The last run ended (or there was none): a new input needs no clean-up."""
+        if not self.exists:
+            return True
+        # An "input" checkpoint holds the values before its input: a run starts there.
+        return (
+            self.source != "input"
+            and self.run.get("stop_reason") is not None
+            and not self.has_error
+        )
+
+
+def checkpoint_version(meta: Mapping[str, Any]) -> int:
+    """A checkpoint's version: it grows by one with every checkpoint saved on the thread,
+    across branches (rewinds continue from the newest)."""
+    step = int(meta.get("step", -1))
+    if "criogen_v0" in meta:
+        return int(meta["criogen_v0"]) + step - int(meta["criogen_s0"])
+    return step + 2  # a checkpoint written outside the API (e.g. LangGraph Studio)
+
+
+def _ms(ts: str | None) -> int | None:
+    if not ts:
+        return None
+    return int(datetime.fromisoformat(ts).timestamp() * 1000)
+
+
+class Thread(Generic[Output]):
+    """One conversation, kept in the agent's storage (made by `agent.thread(id)`).
+
+    Every call loads the saved conversation, runs, and saves the result, so a thread
+    survives restarts when the storage is a database. A run that stops for approval waits
+    in the thread until `approve`, `reject` or `decide` continues it; a failed or cancelled
+    run is saved too, and `retry` continues it without running again the tool calls that
+    had finished. Calls that run hold the thread: see the storage's `on_busy`.
+    """
+
+    def __init__(self, agent: Agent[Output], thread_id: str, *, actor: str | None = None) -> None:
+        if not isinstance(thread_id, str):
+            raise ValidationError(
+                f"a thread id must be a non-empty str, got {type(thread_id).__name__}",
+                code="invalid_type",
+            )
+        if not thread_id.strip():
+            raise ValidationError("a thread id must be a non-empty str", code="invalid_value")
+        if actor is not None and not isinstance(actor, str):
+            raise ValidationError("actor must be a str", code="invalid_type")
+        self.agent = agent
+        self.id = thread_id
+        self.actor = actor
+
+    def __repr__(self) -> str:
+        return f"<Thread {self.id!r} of {self.agent.name!r}>"
+
+    # -- running -----------------------------------------------------------------------
+
+    async def send(self, input: str, *, state: Mapping[str, Any] | None = None) -> Reply[Output]:
+        """One turn: the stored conversation plus `input`; saved as the thread's new head.
+
+        Raises `ThreadSuspendedError` while approvals are pending, `ThreadBusyError` while
+        another run holds the thread, and the run errors (`ModelError`,
+        `LimitExceededError`, `ToolExecutionError`, `CancelledError`); a failed or cancelled
+        run is saved, and `retry()` continues it.
+        """
+        from criogen_graph.agent import _check_state, _user_message
+
+        user = _user_message(input)
+        run_state = _check_state(state)
+
+        async def prepare(
+            head: _Head, graph: Any, cfg: RunnableConfig
+        ) -> tuple[Any, str, dict[str, Any]]:
+            if head.has_interrupt and await self._suspended(graph, cfg):
+                raise self._suspended_error()
+            prefix: list[dict[str, Any]] = []
+            if not head.finished:
+                prefix = await self._close_unfinished(graph, cfg)
+            run_id = uuid.uuid4().hex
+            inp = {"messages": (*prefix, user), "run": new_run(run_id), "state": run_state}
+            return inp, run_id, {"input": input}
+
+        return await self._segment("send", prepare, run_state=run_state, new_messages=[user])
+
+    async def approve(self) -> Reply[Output]:
+        """Approve every pending call and continue."""
+        return await self._answer("approve", lambda requests: "approve")
+
+    async def reject(self, message: str = "rejected") -> Reply[Output]:
+        """Reject every pending call; the model is told `message` instead of each result."""
+        if not isinstance(message, str):
+            raise ValidationError("reject message must be a str", code="invalid_type")
+        return await self._answer(
+            "reject", lambda requests: {r["call_id"]: Decision.reject(message) for r in requests}
+        )
+
+    async def decide(
+        self, decisions: Mapping[str, Decision | Mapping[str, Any] | str]
+    ) -> Reply[Output]:
+        """One `Decision` per pending call, keyed by `call_id` (from `reply.approvals`)."""
+        if not isinstance(decisions, Mapping):
+            raise ValidationError("decide takes a dict {call_id: Decision}", code="invalid_type")
+        return await self._answer("decide", lambda requests: dict(decisions))
+
+    async def retry(self) -> Reply[Output]:
+        """Continue a failed or interrupted run. Tool calls that finished (and were saved)
+        before the failure are not run again."""
+
+        async def prepare(
+            head: _Head, graph: Any, cfg: RunnableConfig
+        ) -> tuple[Any, str, dict[str, Any]]:
+            if not head.exists:
+                raise ValidationError(
+                    f"thread {self.id!r} has nothing to retry", code="nothing_to_retry"
+                )
+            snap = await graph.aget_state(cfg)
+            if snap.interrupts:
+                raise self._suspended_error()
+            if not snap.next:
+                stop = head.run.get("stop_reason")
+                why = f"its last run ended ({stop})" if stop else "no run is unfinished"
+                raise ValidationError(
+                    f"thread {self.id!r} has nothing to retry: {why}", code="nothing_to_retry"
+                )
+            run_id = head.run.get("run_id") or uuid.uuid4().hex
+            return None, run_id, {}
+
+        return await self._segment("retry", prepare, resume=True)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def messages(self) -> list[dict[str, Any]]:
+        """The stored conversation."""
+        graph, cfg = await self._graph()
+        snap = await graph.aget_state(cfg)
+        return list(snap.values.get("messages") or [])
+
+    async def pending_approvals(self) -> list[ApprovalRequest]:
+        """The calls waiting for a decision, read from storage (works after a restart and
+        from another process sharing the storage); empty when the thread is not waiting."""
+        graph, cfg = await self._graph()
+        snap = await graph.aget_state(cfg)
+        return [ApprovalRequest.from_dict(r) for _, r in self._requests(snap)]
+
+    async def history(self, limit: int = 20) -> list[dict[str, Any]]:
+        """Checkpoints of the current branch, newest first: `{id, parent_id, version,
+        source, status, run_id, step, created_at_ms}`."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValidationError("history limit must be a positive int", code="invalid_value")
+        storage = self.agent.storage
+        await storage._ensure_open()
+        saver = storage.checkpointer
+        out: list[dict[str, Any]] = []
+        cfg: dict[str, Any] = {"configurable": {"thread_id": self.id, "checkpoint_ns": ""}}
+        while len(out) < limit:
+            tup = await saver.aget_tuple(cfg)  # type: ignore[arg-type]
+            if tup is None:
+                break
+            out.append(_entry(tup))
+            if tup.parent_config is None:
+                break
+            cfg = dict(tup.parent_config)
+        return out
+
+    # -- managing ----------------------------------------------------------------------------
+
+    async def rewind(self, checkpoint_id: str) -> dict[str, Any]:
+        """Make an older checkpoint current again, saved as a new head. Newer checkpoints
+        stay stored but leave the history; the next call runs from there."""
+        if not isinstance(checkpoint_id, str) or not checkpoint_id:
+            raise ValidationError("rewind takes a checkpoint id (a str)", code="invalid_type")
+        graph, cfg = await self._graph()
+        storage = self.agent.storage
+        async with storage._hold(self.id):
+            saver = storage.checkpointer
+            head = _Head(await saver.aget_tuple(cfg))
+            target_cfg: Any = {
+                "configurable": {
+                    "thread_id": self.id,
+                    "checkpoint_ns": "",
+                    "checkpoint_id": checkpoint_id,
+                }
+            }
+            target = await saver.aget_tuple(target_cfg)
+            if target is None:
+                raise ValidationError(
+                    f"thread {self.id!r} has no checkpoint {checkpoint_id!r}; see thread.history()",
+                    code="unknown",
+                )
+            step = int((target.metadata or {}).get("step", -1)) + 1
+            run_id = head.run.get("run_id")
+            seg = Segment(self.id, run_id or "", self.actor)
+            seg.audit.append(
+                record(
+                    "rewind",
+                    self.id,
+                    run_id=run_id,
+                    actor=self.actor,
+                    checkpoint_id=checkpoint_id,
+                    previous_head=head.id,
+                )
+            )
+            token = SEGMENT.set(seg)
+            try:
+                new_cfg = await graph.aupdate_state(
+                    {
+                        **target_cfg,
+                        "metadata": {
+                            "criogen_v0": head.version + 1,
+                            "criogen_s0": step,
+                            "actor": self.actor,
+                        },
+                    },
+                    None,
+                )
+            finally:
+                SEGMENT.reset(token)
+            if seg.audit:
+                await storage._backend.write_audit(seg.audit)  # type: ignore[union-attr]
+            tup = await saver.aget_tuple(new_cfg)
+        assert tup is not None
+        return _entry(tup)
+
+    async def delete(self, *, audit: bool = False) -> bool:
+        """Delete the thread and its checkpoints; `True` if it existed. Its audit records
+        are kept (and the deletion recorded) unless `audit=True`."""
+        storage = self.agent.storage
+        backend = await storage._ensure_open()
+        async with storage._hold(self.id):
+            saver = storage.checkpointer
+            cfg: Any = {"configurable": {"thread_id": self.id, "checkpoint_ns": ""}}
+            existed = await saver.aget_tuple(cfg) is not None
+            await saver.adelete_thread(self.id)
+            removed = await backend.delete_audit(self.id) if audit else 0
+            await backend.write_audit(
+                [
+                    record(
+                        "delete",
+                        self.id,
+                        run_id=None,
+                        actor=self.actor,
+                        existed=existed,
+                        audit_deleted=removed,
+                    )
+                ]
+            )
+        return existed
+
+    # -- internals ----------------------------------------------------------------------------
+
+    async def _graph(self) -> tuple[Any, RunnableConfig]:
+        storage = self.agent.storage
+        await storage._ensure_open()
+        graph = self.agent._thread_graph(storage)
+        return graph, {"configurable": {"thread_id": self.id}}
+
+    def _suspended_error(self) -> ThreadSuspendedError:
+        return ThreadSuspendedError(
+            f"thread {self.id!r} waits for approval: answer with approve(), reject() or "
+            "decide() first (pending_approvals() lists the calls)"
+        )
+
+    @staticmethod
+    def _requests(snap: Any) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
+        for intr in snap.interrupts:
+            value = intr.value
+            if isinstance(value, Mapping) and value.get("type") == APPROVAL_INTERRUPT:
+                out.extend((intr.id, r) for r in value["requests"])
+        return out
+
+    async def _suspended(self, graph: Any, cfg: RunnableConfig) -> bool:
+        snap = await graph.aget_state(cfg)
+        return bool(self._requests(snap))
+
+    async def _close_unfinished(self, graph: Any, cfg: RunnableConfig) -> list[dict[str, Any]]:
+        """Tool messages that close a run which failed, was cancelled or was rewound into:
+        the results of the calls that finished (LangGraph would drop them with the new
+        input) and a "not run" answer for the others, so nothing is lost and the
+        transcript stays well-formed."""
+        snap = await graph.aget_state(cfg)
+        messages: list[dict[str, Any]] = snap.values.get("messages") or []
+        i = len(messages)
+        answered: set[Any] = set()
+        while i and messages[i - 1].get("role") == "tool":
+            i -= 1
+            answered.add(messages[i].get("tool_call_id"))
+        if not i or messages[i - 1].get("role") != "assistant":
+            return []
+        calls = [c for c in messages[i - 1].get("tool_calls") or () if c["id"] not in answered]
+        if not calls:
+            return []
+        finished: dict[str, dict[str, Any]] = {}
+        for task in snap.tasks:
+            result = task.result if isinstance(task.result, Mapping) else None
+            for m in (result or {}).get("messages") or ():
+                if isinstance(m, Mapping) and m.get("role") == "tool":
+                    finished[m["tool_call_id"]] = dict(m)
+        out = []
+        for c in calls:
+            done = finished.get(c["id"])
+            out.append(
+                done
+                if done is not None
+                else not_run_messages(
+                    [c], "the run stopped before this call finished and was not retried"
+                )[0]
+            )
+        return out
+
+    async def _answer(self, action: str, make: Any) -> Reply[Output]:
+        async def prepare(
+            head: _Head, graph: Any, cfg: RunnableConfig
+        ) -> tuple[Any, str, dict[str, Any]]:
+            snap = await graph.aget_state(cfg) if head.has_interrupt else None
+            pending = self._requests(snap) if snap is not None else []
+            if not pending:
+                raise ValidationError(
+                    f"thread {self.id!r} has no pending approvals to {action}",
+                    code="not_suspended",
+                )
+            interrupt_id = pending[0][0]
+            requests = [r for _, r in pending]
+            decisions = check_decisions(make(requests), requests, self.agent._spec)
+            run_id = head.run.get("run_id") or uuid.uuid4().hex
+            by_id = {r["call_id"]: r for r in requests}
+            details = {
+                "decisions": [
+                    {
+                        "call_id": cid,
+                        "tool": by_id[cid]["tool"],
+                        "args": by_id[cid]["args"],
+                        "decision": d,
+                        "approved_args_sha256": _fingerprint(d.get("args", by_id[cid]["args"]))
+                        if d["type"] in ("approve", "edit")
+                        else None,
+                    }
+                    for cid, d in decisions.items()
+                ]
+            }
+            return Command(resume={interrupt_id: decisions}), run_id, details
+
+        return await self._segment(action, prepare, resume=True)
+
+    async def _segment(
+        self,
+        action: str,
+        prepare: Any,
+        *,
+        run_state: dict[str, Any] | None = None,
+        new_messages: list[dict[str, Any]] | None = None,
+        resume: bool = False,
+    ) -> Reply[Output]:
+        started = time.perf_counter()
+        agent = self.agent
+        storage = agent.storage
+        backend = await storage._ensure_open()
+        graph = agent._thread_graph(storage)
+        cfg: RunnableConfig = {"configurable": {"thread_id": self.id}}
+        hooks = agent._spec.hooks
+        async with storage._hold(self.id):
+            tup = await storage.checkpointer.aget_tuple(cfg)
+            head = _Head(tup)
+            inp, run_id, details = await prepare(head, graph, cfg)
+            seg = Segment(self.id, run_id, self.actor, head=tup, head_cached=not hooks.on_start)
+            seg.audit.append(record(action, self.id, run_id=run_id, actor=self.actor, **details))
+            state = run_state if run_state is not None else dict(head.state)
+            values: dict[str, Any] | None = None
+            hook_states = dict(head.run.get("hooks") or {})
+            token = SEGMENT.set(seg)
+            try:
+                if hooks.on_start:
+                    snap_msgs = (await self.messages()) if head.exists else []
+                    new_states = await agent._on_start(
+                        run_id, [*snap_msgs, *(new_messages or [])], state, hook_states
+                    )
+                    if new_states != hook_states:
+                        if isinstance(inp, dict):
+                            inp["run"]["hooks"] = new_states
+                        elif isinstance(inp, Command):
+                            inp = Command(resume=inp.resume, update={"run": {"hooks": new_states}})
+                        else:
+                            inp = Command(update={"run": {"hooks": new_states}})
+                config: RunnableConfig = {
+                    "configurable": {"thread_id": self.id},
+                    "metadata": {
+                        "run_id": run_id,
+                        "actor": self.actor,
+                        "criogen_v0": head.version + 1,
+                        "criogen_s0": head.step + 1,
+                    },
+                    "recursion_limit": agent._config["recursion_limit"],
+                }
+                out = await graph.ainvoke(inp, config, version="v2")
+                values = out.value
+                if seg.last_config is not None and "messages" in values:
+                    storage.checkpointer.transcripts.remember(  # type: ignore[attr-defined]
+                        self.id,
+                        seg.last_config["configurable"]["checkpoint_id"],
+                        {"messages": values["messages"]},
+                    )
+                result: Reply[Output] = agent._result(  # type: ignore[assignment]
+                    values,
+                    out.interrupts,
+                    run_id,
+                    started,
+                    cls=Reply,
+                    version=self._version(seg, head),
+                    checkpoint_id=self._checkpoint_id(seg, head),
+                )
+            except asyncio.CancelledError as exc:
+                await self._after_failure(backend, seg, "run_cancelled", exc)
+                if hooks.on_end:
+                    await agent._on_end(run_id, values, new_messages or [], state, "failed")
+                if isinstance(exc, CancelledError):
+                    raise
+                raise CancelledError(
+                    f"the run on thread {self.id!r} was cancelled; it is saved and retry() "
+                    "continues it"
+                ) from exc
+            except BaseException as exc:
+                await self._after_failure(backend, seg, "run_failed", exc)
+                if hooks.on_end:
+                    await agent._on_end(run_id, values, new_messages or [], state, "failed")
+                raise
+            finally:
+                SEGMENT.reset(token)
+            if seg.audit:
+                await backend.write_audit(seg.audit)
+        if hooks.on_end:
+            outcome = (
+                "failed"
+                if result.stop_reason == "limit"
+                else "suspended"
+                if result.needs_approval
+                else "completed"
+            )
+            await agent._on_end(run_id, values, new_messages or [], state, outcome)
+        agent._raise_for_limit(values, result)
+        return result
+
+    async def _after_failure(
+        self, backend: Any, seg: Segment, action: str, exc: BaseException
+    ) -> None:
+        records = [*seg.audit]
+        seg.audit = []
+        records.append(
+            record(
+                action,
+                self.id,
+                run_id=seg.run_id,
+                actor=self.actor,
+                error=type(exc).__name__,
+                message=str(exc)[:2000],
+            )
+        )
+        try:
+            await asyncio.shield(backend.write_audit(records))
+        except Exception as audit_exc:  # the run's own error matters more
+            import logging
+
+            logging.getLogger("criogen_graph").warning(
+                "could not record %s for thread %r: %s", action, self.id, audit_exc
+            )
+
+    @staticmethod
+    def _version(seg: Segment, head: _Head) -> int:
+        if seg.last_config is None or seg.last_step is None:
+            return head.version
+        return head.version + 1 + seg.last_step - (head.step + 1)
+
+    @staticmethod
+    def _checkpoint_id(seg: Segment, head: _Head) -> str:
+        if seg.last_config is None:
+            return head.id or ""
+        return str(seg.last_config["configurable"]["checkpoint_id"])
+
+
+def _fingerprint(args: Any) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(
+        json.dumps(args, sort_keys=True, separators=(",", ":"), default=str).encode("utf-8")
+    ).hexdigest()
+
+
+def _entry(tup: CheckpointTuple) -> dict[str, Any]:
+    meta = tup.metadata or {}
+    writes = tup.pending_writes or ()
+    run = tup.checkpoint["channel_values"].get("run") or {}
+    errors = [w[2] for w in writes if w[1] == _ERROR]
+    if any(w[1] == _INTERRUPT for w in writes):
+        status = "suspended"
+    elif meta.get("source") == "input" and not errors:
+        status = "pending"
+    elif errors:
+        status = (
+            "cancelled"
+            if any("CancelledError" in type(e).__name__ or "Cancelled" in repr(e) for e in errors)
+            else "failed"
+        )
+    elif run.get("stop_reason") is not None:
+        status = "completed"
+    else:
+        status = "pending"
+    parent = tup.parent_config
+    return {
+        "id": tup.config["configurable"]["checkpoint_id"],
+        "parent_id": parent["configurable"]["checkpoint_id"] if parent else None,
+        "version": checkpoint_version(meta),
+        "source": meta.get("source"),
+        "status": status,
+        "run_id": meta.get("run_id"),
+        "step": meta.get("step"),
+        "created_at_ms": _ms(tup.checkpoint.get("ts")),
+    }
