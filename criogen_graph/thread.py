@@ -309,6 +309,7 @@ class Thread(Generic[Output]):
             cfg: Any = {"configurable": {"thread_id": self.id, "checkpoint_ns": ""}}
             existed = await saver.aget_tuple(cfg) is not None
             await saver.adelete_thread(self.id)
+            saver.transcripts.forget(self.id)  # type: ignore[attr-defined]
             removed = await backend.delete_audit(self.id) if audit else 0
             await backend.write_audit(
                 [
@@ -357,34 +358,27 @@ class Thread(Generic[Output]):
         input) and a "not run" answer for the others, so nothing is lost and the
         transcript stays well-formed."""
         snap = await graph.aget_state(cfg)
-        messages: list[dict[str, Any]] = snap.values.get("messages") or []
-        i = len(messages)
-        answered: set[Any] = set()
-        while i and messages[i - 1].get("role") == "tool":
-            i -= 1
-            answered.add(messages[i].get("tool_call_id"))
-        if not i or messages[i - 1].get("role") != "assistant":
-            return []
-        calls = [c for c in messages[i - 1].get("tool_calls") or () if c["id"] not in answered]
-        if not calls:
-            return []
         finished: dict[str, dict[str, Any]] = {}
         for task in snap.tasks:
             result = task.result if isinstance(task.result, Mapping) else None
             for m in (result or {}).get("messages") or ():
                 if isinstance(m, Mapping) and m.get("role") == "tool":
                     finished[m["tool_call_id"]] = dict(m)
-        out = []
-        for c in calls:
-            done = finished.get(c["id"])
-            out.append(
-                done
-                if done is not None
-                else not_run_messages(
-                    [c], "the run stopped before this call finished and was not retried"
-                )[0]
-            )
-        return out
+        # The snapshot's values include the finished tasks' writes, which the new input
+        # would discard: only the others are really saved in the transcript.
+        messages: list[dict[str, Any]] = snap.values.get("messages") or []
+        i = len(messages)
+        saved: set[Any] = set()
+        while i and messages[i - 1].get("role") == "tool":
+            i -= 1
+            call_id = messages[i].get("tool_call_id")
+            if call_id not in finished:
+                saved.add(call_id)
+        if not i or messages[i - 1].get("role") != "assistant":
+            return []
+        calls = [c for c in messages[i - 1].get("tool_calls") or () if c["id"] not in saved]
+        reason = "the run stopped before this call finished and was not retried"
+        return [finished.get(c["id"]) or not_run_messages([c], reason)[0] for c in calls]
 
     async def _answer(self, action: str, make: Any) -> Reply[Output]:
         async def prepare(

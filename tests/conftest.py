@@ -1,10 +1,48 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from criogen_graph import Storage
 from tests.servers.openai_server import OpenAIServer
+
+PG_URL = os.environ.get("CRIOGEN_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@cache
+def postgres_problem() -> str | None:
+    """Why the test PostgreSQL cannot be used, or None when it can."""
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed (pip install 'criogen-graph[postgres]')"
+    try:
+        with psycopg.connect(PG_URL, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except Exception as exc:
+        return f"PostgreSQL is not reachable at {PG_URL}: {exc}"
+    return None
+
+
+def require_postgres() -> None:
+    """Skip (on a developer machine) or fail (in CI) when PostgreSQL is missing."""
+    problem = postgres_problem()
+    if problem is None:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI must run the PostgreSQL tests: {problem}")
+    pytest.skip(problem)
 
 
 @pytest.fixture
@@ -12,3 +50,80 @@ def openai_server() -> Iterator[OpenAIServer]:
     """A scripted OpenAI-compatible server on 127.0.0.1."""
     with OpenAIServer() as server:
         yield server
+
+
+def storage_url(kind: str, tmp_path: Path) -> str:
+    if kind == "memory":
+        return "memory://"
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path}/threads.db"
+    require_postgres()
+    return PG_URL
+
+
+@pytest.fixture
+def pg_schema_url() -> Iterator[str]:
+    """A PostgreSQL URL whose tables live in a fresh schema of their own (dropped after),
+    for tests that change database-wide settings such as the encryption key."""
+    require_postgres()
+    import psycopg
+
+    schema = f"criogen_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in PG_URL else "?"
+    try:
+        yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def durable_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def storage(backend: str, tmp_path: Path) -> AsyncIterator[Storage]:
+    s = Storage(storage_url(backend, tmp_path))
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+def thread_id() -> str:
+    """A thread id no other test uses (tests share the PostgreSQL database)."""
+    return f"t-{uuid.uuid4().hex}"
+
+
+async def wait_until(
+    check: Callable[[], Any], *, within: float = 20, what: str = "condition"
+) -> Any:
+    """Wait for an observable transition: poll `check` (sync or async) until truthy."""
+    deadline = time.monotonic() + within
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def spawn(scenario: str, url: str, thread_id: str, workdir: Path) -> subprocess.Popen[str]:
+    """Start a worker process (tests/procs/worker.py)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.procs.worker", scenario, url, thread_id, str(workdir)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

@@ -98,7 +98,8 @@ class MemoryBackend(Backend):
         return before - len(self.audit)
 
     async def thread_ids(self) -> list[str]:
-        return sorted(self.saver.storage)
+        # InMemorySaver's storage is a defaultdict: reads leave empty entries behind.
+        return sorted(t for t, spaces in self.saver.storage.items() if any(spaces.values()))
 
     async def get_meta(self, key: str) -> bytes | None:
         return self._meta.get(key)

@@ -355,6 +355,9 @@ class SqliteBackend(Backend):
                 ) from None
         try:
             conn = aiosqlite.connect(self.path)
+            # A storage nobody closed must not keep the interpreter alive at exit: SQLite
+            # rolls back whatever was uncommitted when the file is next opened.
+            conn._thread.daemon = True
             await conn
         except (sqlite3.Error, OSError) as exc:
             raise StorageError(
