@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,12 +14,22 @@ def main(argv: list[str] | None = None) -> int:
         prog="criogen-graph", description="Durable agents on LangGraph."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("demo", help="run the demo agent (tools and an approval gate)")
+    demo = sub.add_parser(
+        "demo",
+        help="run the demo: a support agent on SQLite that stops for approval, answered "
+        "after a restart",
+    )
+    demo.add_argument(
+        "--db", type=Path, default=Path("criogen-demo.db"), help="the SQLite file to use"
+    )
+    demo.add_argument("--resume", metavar="THREAD", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.command == "demo":
-        from criogen_graph._demo import run_demo
+        from criogen_graph._demo import resume_demo, run_demo
 
-        return asyncio.run(run_demo())
+        if args.resume:
+            return asyncio.run(resume_demo(args.db, args.resume))
+        return asyncio.run(run_demo(args.db))
     parser.print_help()
     return 2
 

@@ -1,16 +1,22 @@
-"""The README's demo: a support agent with tools and an approval gate."""
+"""The README's demo: a support agent on the embedded SQLite storage, with tools, an
+approval gate, and a thread that is answered after a restart (in a second process)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
-from criogen_graph.adapters.models.fake import FakeModel, FakeReply
+from criogen_graph.adapters.models.fake import FakeReply, FunctionModel
 from criogen_graph.agent import Agent
 from criogen_graph.errors import ToolError
+from criogen_graph.storage import Storage
 from criogen_graph.tools import tool
 
-ORDERS = {"A-1": {"id": "A-1", "status": "shipped", "total": 42.0}}
+ORDERS = {"A-1": {"id": "A-1", "status": "delivered", "total": 42.0}}
 
 
 @tool(read_only=True)
@@ -37,36 +43,40 @@ async def refund(order_id: str, reason: str) -> str:
     return f"refunded {order_id} ({reason})"
 
 
-def scripted_model() -> FakeModel:
-    """The conversation the demo plays when no provider key is set."""
-    return FakeModel(
-        [
-            FakeReply.tool_call("get_order", {"order_id": "A-1"}),
-            FakeReply.tool_call(
+def scripted_model() -> FunctionModel:
+    """What the demo plays without a provider key: the reply depends only on the
+    transcript, so a restarted process picks the conversation up where it stopped."""
+
+    def support(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        last = messages[-1]
+        if last["role"] == "user":
+            return FakeReply.tool_call("get_order", {"order_id": "A-1"})
+        if last.get("name") == "get_order":
+            return FakeReply.tool_call(
                 "refund",
                 {"order_id": "A-1", "reason": "arrived damaged"},
-                text="Order A-1 shipped; I will refund it.",
-            ),
-        ],
-        name="scripted-support",
-    )
+                text="Order A-1 was delivered; I will refund it.",
+            )
+        if last.get("status") == "rejected":
+            return "The refund was not approved; a colleague will follow up."
+        return "Done: order A-1 is refunded. Sorry about the damage!"
+
+    return FunctionModel(support, name="scripted-support")
 
 
-def build_agent(model: Any = None) -> Agent[Any]:
+def build_agent(storage: Storage | str, model: Any = None) -> Agent[Any]:
     return Agent(
         model if model is not None else scripted_model(),
         instructions="You are a support agent. Look orders up before acting on them.",
         tools=[get_order, refund],
         approve=["refund"],
+        storage=storage,
         name="support",
     )
 
 
-async def run_demo(out: Any = print) -> int:
-    agent = build_agent()
-    out(f"agent: {agent!r}")
-    result = await agent.run("Order A-1 arrived damaged. Please refund it.")
-    for m in result.messages:
+def show(out: Any, messages: list[dict[str, Any]]) -> None:
+    for m in messages:
         if m["role"] in ("user", "assistant") and m.get("content"):
             out(f"  {m['role']}: {m['content']}")
         if m["role"] == "assistant":
@@ -74,12 +84,51 @@ async def run_demo(out: Any = print) -> int:
                 out(f"  model calls {c['name']}({json.dumps(c['args'])})")
         elif m["role"] == "tool":
             out(f"  {m['name']} -> [{m['status']}] {m['content']}")
-    if result.needs_approval:
-        for r in result.approvals:
-            out(f"  waiting for approval: {r.tool}({json.dumps(r.args)}) call_id={r.call_id}")
-    out(
-        f"model calls: {result.model_calls}, tool calls: {result.tool_calls}, "
-        f"usage: {result.usage['input_tokens']}+{result.usage['output_tokens']} tokens, "
-        f"{result.duration_ms:.1f} ms"
+
+
+async def run_demo(db: Path, out: Any = print) -> int:
+    """First process: start the conversation; it stops for approval. Then a second
+    process answers it from storage."""
+    thread_id = f"demo-{int(time.time() * 1000)}"
+    storage = Storage(f"sqlite:///{db}")
+    agent = build_agent(storage)
+    out(f"== process 1 (pid {_pid()}): {agent!r} on {db}")
+    reply = await agent.thread(thread_id, actor="customer").send(
+        "Order A-1 arrived damaged. Please refund it."
     )
+    show(out, reply.messages)
+    for r in reply.approvals:
+        out(f"  waiting for approval: {r.tool}({json.dumps(r.args)})")
+    out(f"  saved as version {reply.version}; process 1 exits")
+    await storage.close()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "criogen_graph", "demo", "--db", str(db), "--resume", thread_id
+    )
+    return await proc.wait()
+
+
+async def resume_demo(db: Path, thread_id: str, out: Any = print) -> int:
+    """Second process: read the pending approval from storage and approve it."""
+    async with Storage(f"sqlite:///{db}") as storage:
+        agent = build_agent(storage)
+        thread = agent.thread(thread_id, actor="reviewer")
+        out(f"== process 2 (pid {_pid()}): a fresh agent on the same file")
+        pending = await thread.pending_approvals()
+        for r in pending:
+            out(f"  found pending {r.tool}({json.dumps(r.args)}); approving it")
+        before = len(await thread.messages())
+        reply = await thread.approve()
+        show(out, reply.messages[before:])
+        out(f"  final answer: {reply.text}")
+        out(f"  tool calls: {reply.tool_calls}, version {reply.version}")
+        out("  audit trail:")
+        for a in await storage.audit(thread_id):
+            detail = a["details"].get("tool") or a["details"].get("input") or ""
+            out(f"    {a['action']:<10} by {a['actor']:<9} {detail}")
     return 0
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()

@@ -194,9 +194,16 @@ class Storage:
         """Close connections and release locks (threads stay saved unless memory://)."""
         backend = self._backend
         if backend is not None and self.scheme != "memory":
+            same_loop = self._loop is asyncio.get_running_loop()
             self._backend = None
             self._loop = None
-            await backend.close()
+            if same_loop:
+                await backend.close()
+            else:
+                # Connections of an event loop that has finished cannot be closed cleanly
+                # from another one; their sockets go with them.
+                with contextlib.suppress(Exception):
+                    await backend.close()
 
     async def __aenter__(self) -> Storage:
         return await self.open()

@@ -488,3 +488,14 @@ async def test_checkpoints_grow_linearly(tmp_path: Path) -> None:
     assert at40 / at20 < 2.6
     assert at40 < 40 * 2 * 2600 * 2  # a couple of copies of each message at most
     await storage.close()
+
+
+def test_one_agent_across_several_asyncio_runs(
+    backend: str, tmp_path: Path, thread_id: str
+) -> None:
+    # Scripts often call asyncio.run more than once; connections follow the new loop.
+    agent = Agent(FakeModel(["one", "two"]), storage=Storage(storage_url(backend, tmp_path)))
+    assert asyncio.run(agent.thread(thread_id).send("a")).text == "one"
+    assert asyncio.run(agent.thread(thread_id).send("b")).text == "two"
+    assert len(asyncio.run(agent.thread(thread_id).messages())) == 4
+    asyncio.run(agent.storage.close())
