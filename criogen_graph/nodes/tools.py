@@ -99,10 +99,11 @@ class ToolsNode:
             kind = decision["type"]
             if kind == "reject":
                 reason = decision.get("message")
+                # Saying so plainly keeps models from re-issuing a rejected call.
                 return message(
-                    f"The user rejected this call to {called}"
-                    + (f": {reason}" if reason else ".")
-                    + " Do not retry it; continue without it.",
+                    f"A reviewer rejected this call to {called}"
+                    + (f": {reason}" if reason and reason != "rejected" else "")
+                    + ". Do not retry it; continue without it.",
                     "rejected",
                     decision=kind,
                 )
