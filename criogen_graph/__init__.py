@@ -32,6 +32,16 @@ from criogen_graph.hooks import (
 from criogen_graph.options import Limits, Retry
 from criogen_graph.results import ApprovalRequest, Decision, Reply, RunResult
 from criogen_graph.storage import Storage
+from criogen_graph.stream import (
+    ApprovalNeededEvent,
+    MessageEvent,
+    OtherEvent,
+    Stream,
+    StreamEvent,
+    TextEvent,
+    ToolCallFinishedEvent,
+    ToolCallStartedEvent,
+)
 from criogen_graph.thread import Thread
 from criogen_graph.tools import Tool, ToolContext, tool
 
@@ -41,6 +51,7 @@ __all__ = [
     "Agent",
     "AgentTool",
     "Approval",
+    "ApprovalNeededEvent",
     "ApprovalRequest",
     "CancelledError",
     "CriogenError",
@@ -54,20 +65,27 @@ __all__ = [
     "HookFailedError",
     "LimitExceededError",
     "Limits",
+    "MessageEvent",
     "Model",
     "ModelError",
     "ModelRequest",
     "ModelResponse",
+    "OtherEvent",
     "Reply",
     "Retry",
     "RunResult",
     "Storage",
     "StorageError",
+    "Stream",
+    "StreamEvent",
+    "TextEvent",
     "Thread",
     "ThreadBusyError",
     "ThreadSuspendedError",
     "Tool",
     "ToolCall",
+    "ToolCallFinishedEvent",
+    "ToolCallStartedEvent",
     "ToolContext",
     "ToolError",
     "ToolExecutionError",

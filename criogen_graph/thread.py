@@ -18,9 +18,10 @@ from criogen_graph.errors import (
     ValidationError,
 )
 from criogen_graph.nodes.approval import APPROVAL_INTERRUPT, check_decisions
-from criogen_graph.nodes.model import not_run_messages
+from criogen_graph.nodes.model import STREAM_FLAG, not_run_messages
 from criogen_graph.nodes.state import new_run
 from criogen_graph.results import ApprovalRequest, Decision, Reply
+from criogen_graph.stream import ApprovalNeededEvent, MessageEvent, Stream, to_event
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
@@ -143,9 +144,49 @@ class Thread(Generic[Output]):
         """
         from criogen_graph.agent import _check_state, _user_message
 
+        return await self._send(_user_message(input), _check_state(state), None)
+
+    def stream(self, input: str, *, state: Mapping[str, Any] | None = None) -> Stream[Output]:
+        """`send`, streaming its events: `async for event in stream`, then
+        `await stream.reply()`. Cancel with `stream.cancel()` or by leaving the loop."""
+        from criogen_graph.agent import _check_state, _user_message
+
         user = _user_message(input)
         run_state = _check_state(state)
+        return Stream(lambda s: self._send(user, run_state, s))
 
+    def stream_approve(self) -> Stream[Output]:
+        """`approve`, streaming the events of the run it continues."""
+        return Stream(lambda s: self._answer("approve", lambda requests: "approve", s))
+
+    def stream_reject(self, message: str = "rejected") -> Stream[Output]:
+        """`reject`, streaming the events of the run it continues."""
+        if not isinstance(message, str):
+            raise ValidationError("reject message must be a str", code="invalid_type")
+        return Stream(
+            lambda s: self._answer(
+                "reject",
+                lambda requests: {r["call_id"]: Decision.reject(message) for r in requests},
+                s,
+            )
+        )
+
+    def stream_decide(
+        self, decisions: Mapping[str, Decision | Mapping[str, Any] | str]
+    ) -> Stream[Output]:
+        """`decide`, streaming the events of the run it continues."""
+        if not isinstance(decisions, Mapping):
+            raise ValidationError("decide takes a dict {call_id: Decision}", code="invalid_type")
+        chosen = dict(decisions)
+        return Stream(lambda s: self._answer("decide", lambda requests: chosen, s))
+
+    def stream_retry(self) -> Stream[Output]:
+        """`retry`, streaming the events of the run it continues."""
+        return Stream(self._retry)
+
+    async def _send(
+        self, user: dict[str, Any], run_state: dict[str, Any], stream: Stream[Output] | None
+    ) -> Reply[Output]:
         async def prepare(
             head: _Head, graph: Any, cfg: RunnableConfig
         ) -> tuple[Any, str, dict[str, Any]]:
@@ -156,20 +197,27 @@ class Thread(Generic[Output]):
                 prefix = await self._close_unfinished(graph, cfg)
             run_id = uuid.uuid4().hex
             inp = {"messages": (*prefix, user), "run": new_run(run_id), "state": run_state}
-            return inp, run_id, {"input": input}
+            if stream is not None:
+                for m in (*prefix, user):
+                    stream.emit(MessageEvent(m))
+            return inp, run_id, {"input": user["content"]}
 
-        return await self._segment("send", prepare, run_state=run_state, new_messages=[user])
+        return await self._segment(
+            "send", prepare, run_state=run_state, new_messages=[user], stream=stream
+        )
 
     async def approve(self) -> Reply[Output]:
         """Approve every pending call and continue."""
-        return await self._answer("approve", lambda requests: "approve")
+        return await self._answer("approve", lambda requests: "approve", None)
 
     async def reject(self, message: str = "rejected") -> Reply[Output]:
         """Reject every pending call; the model is told `message` instead of each result."""
         if not isinstance(message, str):
             raise ValidationError("reject message must be a str", code="invalid_type")
         return await self._answer(
-            "reject", lambda requests: {r["call_id"]: Decision.reject(message) for r in requests}
+            "reject",
+            lambda requests: {r["call_id"]: Decision.reject(message) for r in requests},
+            None,
         )
 
     async def decide(
@@ -178,12 +226,15 @@ class Thread(Generic[Output]):
         """One `Decision` per pending call, keyed by `call_id` (from `reply.approvals`)."""
         if not isinstance(decisions, Mapping):
             raise ValidationError("decide takes a dict {call_id: Decision}", code="invalid_type")
-        return await self._answer("decide", lambda requests: dict(decisions))
+        chosen = dict(decisions)
+        return await self._answer("decide", lambda requests: chosen, None)
 
     async def retry(self) -> Reply[Output]:
         """Continue a failed or interrupted run. Tool calls that finished (and were saved)
         before the failure are not run again."""
+        return await self._retry(None)
 
+    async def _retry(self, stream: Stream[Output] | None) -> Reply[Output]:
         async def prepare(
             head: _Head, graph: Any, cfg: RunnableConfig
         ) -> tuple[Any, str, dict[str, Any]]:
@@ -203,7 +254,7 @@ class Thread(Generic[Output]):
             run_id = head.run.get("run_id") or uuid.uuid4().hex
             return None, run_id, {}
 
-        return await self._segment("retry", prepare, resume=True)
+        return await self._segment("retry", prepare, resume=True, stream=stream)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -380,7 +431,7 @@ class Thread(Generic[Output]):
         reason = "the run stopped before this call finished and was not retried"
         return [finished.get(c["id"]) or not_run_messages([c], reason)[0] for c in calls]
 
-    async def _answer(self, action: str, make: Any) -> Reply[Output]:
+    async def _answer(self, action: str, make: Any, stream: Stream[Output] | None) -> Reply[Output]:
         async def prepare(
             head: _Head, graph: Any, cfg: RunnableConfig
         ) -> tuple[Any, str, dict[str, Any]]:
@@ -412,7 +463,7 @@ class Thread(Generic[Output]):
             }
             return Command(resume={interrupt_id: decisions}), run_id, details
 
-        return await self._segment(action, prepare, resume=True)
+        return await self._segment(action, prepare, resume=True, stream=stream)
 
     async def _segment(
         self,
@@ -422,6 +473,7 @@ class Thread(Generic[Output]):
         run_state: dict[str, Any] | None = None,
         new_messages: list[dict[str, Any]] | None = None,
         resume: bool = False,
+        stream: Stream[Output] | None = None,
     ) -> Reply[Output]:
         started = time.perf_counter()
         agent = self.agent
@@ -463,8 +515,7 @@ class Thread(Generic[Output]):
                     },
                     "recursion_limit": agent._config["recursion_limit"],
                 }
-                out = await graph.ainvoke(inp, config, version="v2")
-                values = out.value
+                values, interrupts = await self._invoke(graph, inp, config, stream)
                 if seg.last_config is not None and "messages" in values:
                     storage.checkpointer.transcripts.remember(  # type: ignore[attr-defined]
                         self.id,
@@ -473,7 +524,7 @@ class Thread(Generic[Output]):
                     )
                 result: Reply[Output] = agent._result(  # type: ignore[assignment]
                     values,
-                    out.interrupts,
+                    interrupts,
                     run_id,
                     started,
                     cls=Reply,
@@ -510,6 +561,37 @@ class Thread(Generic[Output]):
             await agent._on_end(run_id, values, new_messages or [], state, outcome)
         agent._raise_for_limit(values, result)
         return result
+
+    async def _invoke(
+        self, graph: Any, inp: Any, config: RunnableConfig, stream: Stream[Output] | None
+    ) -> tuple[dict[str, Any], tuple[Any, ...]]:
+        """Run the graph: `ainvoke`, or `astream` turning the nodes' custom stream parts into
+        events. Both return the final values and the interrupts."""
+        if stream is None:
+            out = await graph.ainvoke(inp, config, version="v2")
+            return out.value, out.interrupts
+        config["configurable"][STREAM_FLAG] = True
+        values: dict[str, Any] = {}
+        interrupts: tuple[Any, ...] = ()
+        async for part in graph.astream(
+            inp, config, stream_mode=["custom", "values"], version="v2"
+        ):
+            if part["type"] == "custom":
+                event = to_event(part["data"])
+                if event is not None:
+                    stream.emit(event)
+            elif part["type"] == "values":
+                values = part["data"]
+                interrupts += tuple(part.get("interrupts") or ())
+        requests = [
+            ApprovalRequest.from_dict(r)
+            for intr in interrupts
+            if isinstance(intr.value, Mapping) and intr.value.get("type") == APPROVAL_INTERRUPT
+            for r in intr.value["requests"]
+        ]
+        if requests:
+            stream.emit(ApprovalNeededEvent(requests))
+        return values, interrupts
 
     async def _after_failure(
         self, backend: Any, seg: Segment, action: str, exc: BaseException

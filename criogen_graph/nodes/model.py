@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
+from langgraph.config import get_stream_writer
 from langgraph.types import Command, Overwrite, Send
 
 from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
@@ -19,6 +21,21 @@ from criogen_graph.nodes.state import add_usage, new_run, normalize_message, too
 from criogen_graph.results import empty_usage
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+#: Set in a run's `configurable` when it is streamed: the nodes then emit events.
+STREAM_FLAG = "__criogen_stream"
+Writer = Callable[[Any], None]
+
+
+def stream_writer(config: RunnableConfig) -> Writer | None:
+    """The stream writer when the run is streamed, else None (no event is built)."""
+    if (config.get("configurable") or {}).get(STREAM_FLAG):
+        return get_stream_writer()
+    return None
+
+
+def step_of(config: RunnableConfig) -> int | None:
+    step = (config.get("metadata") or {}).get("langgraph_step")
+    return int(step) if step is not None else None
 
 
 def not_run_messages(calls: list[dict[str, Any]], reason: str) -> list[dict[str, Any]]:
@@ -42,7 +59,22 @@ class ModelNode:
     def __init__(self, spec: AgentSpec) -> None:
         self.spec = spec
 
-    async def __call__(self, state: dict[str, Any]) -> Any:
+    async def __call__(self, state: dict[str, Any], config: RunnableConfig) -> Any:
+        writer = stream_writer(config)
+        if writer is None:
+            return (await self._run(state, None))[0]
+        step = step_of(config)
+        writer({"type": "other", "event": "step_started", "node": "model", "step": step})
+        update, new = await self._run(state, writer)
+        for m in new:
+            writer({"type": "message", "message": m})
+        writer({"type": "other", "event": "step_finished", "node": "model", "step": step})
+        return update
+
+    async def _run(
+        self, state: dict[str, Any], writer: Writer | None
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        """The node's update, and the messages it adds (for `message` events)."""
         spec = self.spec
         messages: list[dict[str, Any]] = state.get("messages") or []
         prev = state.get("run")
@@ -72,15 +104,15 @@ class ModelNode:
         if direct is not None:
             run["stop_reason"] = "return_direct"
             run["output"] = direct.get("content")
-            return {"run": run}
+            return {"run": run}, []
 
         limits = spec.limits
         if run["model_calls"] >= limits.model_calls:
-            return self._limit(run, "model_calls", limits.model_calls)
+            return self._limit(run, "model_calls", limits.model_calls), []
         if limits.tokens is not None:
             usage = run["usage"]
             if usage["input_tokens"] + usage["output_tokens"] >= limits.tokens:
-                return self._limit(run, "tokens", limits.tokens)
+                return self._limit(run, "tokens", limits.tokens), []
 
         hooks = spec.hooks
         transcript = messages
@@ -103,19 +135,22 @@ class ModelNode:
                 if action.end:
                     run["stop_reason"] = "hook_end"
                     run["output"] = action.output
-                    return (
-                        {"messages": Overwrite(transcript), "run": run}
-                        if replaced
-                        else {"run": run}
-                    )
+                    if replaced:
+                        return {"messages": Overwrite(transcript), "run": run}, []
+                    return {"run": run}, []
 
         system = spec.system_message
+        msg_id = "msg_" + uuid.uuid4().hex
         request = ModelRequest(
             [system, *transcript] if system is not None else transcript,
             spec.tool_specs,
             spec.output.schema if spec.output is not None else None,
         )
-        response, model = await self._call_model(request, run)
+        if writer is not None:
+            request.on_text = lambda text: writer(
+                {"type": "text", "message_id": msg_id, "text": text}
+            )
+        response, model = await self._call_model(request, writer)
         run["model_calls"] = run["model_calls"] + 1
         run["usage"] = add_usage(run["usage"], response.usage)
         ident = model.identity
@@ -123,7 +158,7 @@ class ModelNode:
             run["models"] = [*run["models"], ident]
         run["answered_by"] = ident
         msg = response.message
-        msg["id"] = "msg_" + uuid.uuid4().hex
+        msg["id"] = msg_id
         new: list[dict[str, Any]] = [msg]
 
         if response.stop_reason == "content_filter":
@@ -131,7 +166,7 @@ class ModelNode:
             run["stop_reason"] = "content_filter"
             if not msg.get("content"):
                 new = []
-            return self._update(transcript, replaced, new, run)
+            return self._update(transcript, replaced, new, run), new
 
         ended = False
         if hooks.after_model:
@@ -161,27 +196,27 @@ class ModelNode:
         if ended:
             if calls:
                 new.extend(not_run_messages(calls, "the run was ended by a hook"))
-            return self._update(transcript, replaced, new, run)
+            return self._update(transcript, replaced, new, run), new
         if not calls:
             output = spec.output
             if output is None:
                 run["stop_reason"] = "final_answer"
-                return self._update(transcript, replaced, new, run)
+                return self._update(transcript, replaced, new, run), new
             value, problem = output.parse(msg.get("content") or "")
             if problem is None:
                 run["stop_reason"] = "output"
                 run["output"] = value
-                return self._update(transcript, replaced, new, run)
+                return self._update(transcript, replaced, new, run), new
             new.append(
                 {"role": "user", "content": output.correction(problem), "kind": "output_retry"}
             )
-            return Command(update=self._update(transcript, replaced, new, run), goto="model")
+            update = self._update(transcript, replaced, new, run)
+            return Command(update=update, goto="model"), new
 
         if run["tool_calls"] + len(calls) > limits.tool_calls:
             new.extend(not_run_messages(calls, "the run reached its tool call limit"))
-            return self._limit(
-                run, "tool_calls", limits.tool_calls, self._update(transcript, replaced, new, run)
-            )
+            update = self._update(transcript, replaced, new, run)
+            return self._limit(run, "tool_calls", limits.tool_calls, update), new
 
         base: dict[str, Any] = {"run_id": run["run_id"]}
         if user_state:
@@ -197,11 +232,11 @@ class ModelNode:
                 return Command(
                     update=self._update(transcript, replaced, new, run),
                     goto=Send("approval", {**base, "calls": calls, "requests": requests}),
-                )
+                ), new
         return Command(
             update=self._update(transcript, replaced, new, run),
             goto=[Send("tools", {**base, "call": c}) for c in calls],
-        )
+        ), new
 
     @staticmethod
     def _update(
@@ -266,7 +301,7 @@ class ModelNode:
         return action
 
     async def _call_model(
-        self, request: ModelRequest, run: dict[str, Any]
+        self, request: ModelRequest, writer: Writer | None
     ) -> tuple[ModelResponse, Model]:
         spec = self.spec
         retry = spec.model_retry
@@ -291,11 +326,15 @@ class ModelNode:
                     if err.retry_after > spec.max_retry_after_secs:
                         break  # asked to wait longer than we are willing to
                     wait = max(wait, err.retry_after)
+                if writer is not None:
+                    writer({"type": "other", "event": "model_retry", "node": "model"})
                 await asyncio.sleep(wait)
             failures.append(err)
             more = index + 1 < len(models)
             if not (more and (err.transient or err.kind in spec.fallback_on)):
                 break
+            if writer is not None:
+                writer({"type": "other", "event": "model_fallback", "node": "model"})
         assert err is not None
         if err.kind == "content_filter":
             # A safety stop is an answer, not a crash: the run ends with that stop reason.

@@ -12,9 +12,11 @@ from types import MappingProxyType
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
+from pydantic_core import to_jsonable_python
 
 from criogen_graph.errors import LimitExceededError, ToolError, ToolExecutionError
 from criogen_graph.hooks import ToolCall, ToolResult, call_hook
+from criogen_graph.nodes.model import Writer, step_of, stream_writer
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.tools import Tool, ToolArgumentsError, ToolContext
 
@@ -68,9 +70,27 @@ class ToolsNode:
         self.spec = spec
 
     async def __call__(self, payload: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
-        return {"messages": (await self.run_call(payload, config),)}
+        writer = stream_writer(config)
+        if writer is None:
+            return {"messages": (await self.run_call(payload, config, None),)}
+        step = step_of(config)
+        writer({"type": "other", "event": "step_started", "node": "tools", "step": step})
+        msg = await self.run_call(payload, config, writer)
+        writer(
+            {
+                "type": "tool_call_finished",
+                "call_id": msg["tool_call_id"],
+                "tool": msg.get("tool", msg["name"]),
+                "status": msg["status"],
+            }
+        )
+        writer({"type": "message", "message": msg})
+        writer({"type": "other", "event": "step_finished", "node": "tools", "step": step})
+        return {"messages": (msg,)}
 
-    async def run_call(self, payload: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
+    async def run_call(
+        self, payload: dict[str, Any], config: RunnableConfig, writer: Writer | None
+    ) -> dict[str, Any]:
         spec = self.spec
         call: dict[str, Any] = payload["call"]
         call_id: str = call["id"]
@@ -184,6 +204,15 @@ class ToolsNode:
                     "arguments that match its schema.",
                     "error",
                     error_kind="invalid_args",
+                )
+            if writer is not None:
+                writer(
+                    {
+                        "type": "tool_call_started",
+                        "call_id": call_id,
+                        "tool": tc.name,
+                        "args": to_jsonable_python(validated, fallback=str),
+                    }
                 )
             try:
                 value = await self._execute(tool, validated, ctx)

@@ -89,7 +89,11 @@ class MemoryBackend(Backend):
         self.append(records)
 
     async def read_audit(self, thread_id: str | None, limit: int | None) -> list[dict[str, Any]]:
-        rows = [dict(r) for r in self.audit if thread_id is None or r["thread_id"] == thread_id]
+        rows = [
+            {k: v for k, v in r.items() if k != "ts_ns"}
+            for r in sorted(self.audit, key=lambda r: (r["ts_ns"], r["id"]))
+            if thread_id is None or r["thread_id"] == thread_id
+        ]
         return rows[-limit:] if limit else rows
 
     async def delete_audit(self, thread_id: str) -> int:

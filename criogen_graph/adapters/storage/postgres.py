@@ -35,7 +35,7 @@ _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS criogen_audit (
         id BIGSERIAL PRIMARY KEY,
         thread_id TEXT NOT NULL,
-        ts_ms BIGINT NOT NULL,
+        ts_ns BIGINT NOT NULL,
         run_id TEXT,
         actor TEXT,
         action TEXT NOT NULL,
@@ -46,7 +46,7 @@ _SCHEMA = [
     "CREATE TABLE IF NOT EXISTS criogen_meta (key TEXT PRIMARY KEY, value BYTEA NOT NULL)",
 ]
 _INSERT_AUDIT = (
-    "INSERT INTO criogen_audit (thread_id, ts_ms, run_id, actor, action, type, details) "
+    "INSERT INTO criogen_audit (thread_id, ts_ns, run_id, actor, action, type, details) "
     "VALUES (%s, %s, %s, %s, %s, %s, %s)"
 )
 #: Advisory lock key that serializes schema setup across processes.
@@ -83,7 +83,7 @@ _WRITES_UPSERT = (
     "channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob"
 )
 _WRITES_IGNORE = "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING"
-_AUDIT = "criogen_audit (thread_id, ts_ms, run_id, actor, action, type, details)"
+_AUDIT = "criogen_audit (thread_id, ts_ns, run_id, actor, action, type, details)"
 
 Insert = tuple[str, str, list[tuple[Any, ...]]]  # table (columns), conflict clause, rows
 
@@ -128,7 +128,7 @@ def _saver_class() -> type[Any]:
             for r in records:
                 typ, blob = self.serde.dumps_typed(r["details"])
                 rows.append(
-                    (r["thread_id"], r["ts_ms"], r["run_id"], r["actor"], r["action"], typ, blob)
+                    (r["thread_id"], r["ts_ns"], r["run_id"], r["actor"], r["action"], typ, blob)
                 )
             return rows
 
@@ -419,12 +419,14 @@ class PostgresBackend(Backend):
             await cur.executemany(_INSERT_AUDIT, rows)
 
     async def read_audit(self, thread_id: str | None, limit: int | None) -> list[dict[str, Any]]:
-        sql = "SELECT id, thread_id, ts_ms, run_id, actor, action, type, details FROM criogen_audit"
+        sql = "SELECT id, thread_id, ts_ns, run_id, actor, action, type, details FROM criogen_audit"
         params: tuple[Any, ...] = ()
         if thread_id is not None:
             sql += " WHERE thread_id = %s"
             params = (thread_id,)
-        sql += " ORDER BY id DESC"
+        # Records are stamped when they are made; writes of concurrent tasks (on separate
+        # connections) may land in another order.
+        sql += " ORDER BY ts_ns DESC, id DESC"
         if limit:
             sql += f" LIMIT {int(limit)}"
         async with self._pool.connection() as conn:
@@ -435,7 +437,7 @@ class PostgresBackend(Backend):
             {
                 "id": r["id"],
                 "thread_id": r["thread_id"],
-                "ts_ms": r["ts_ms"],
+                "ts_ms": r["ts_ns"] // 1_000_000,
                 "run_id": r["run_id"],
                 "actor": r["actor"],
                 "action": r["action"],

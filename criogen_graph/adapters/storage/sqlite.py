@@ -50,7 +50,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS criogen_audit (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     thread_id TEXT NOT NULL,
-    ts_ms INTEGER NOT NULL,
+    ts_ns INTEGER NOT NULL,
     run_id TEXT,
     actor TEXT,
     action TEXT NOT NULL,
@@ -65,7 +65,7 @@ T = TypeVar("T")
 MMAP_BYTES = 256 * 1024 * 1024
 
 _INSERT_AUDIT = (
-    "INSERT INTO criogen_audit (thread_id, ts_ms, run_id, actor, action, type, details) "
+    "INSERT INTO criogen_audit (thread_id, ts_ns, run_id, actor, action, type, details) "
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 
@@ -118,7 +118,7 @@ class _Saver(AsyncSqliteSaver):
         for r in records:
             typ, blob = self.serde.dumps_typed(r["details"])
             rows.append(
-                (r["thread_id"], r["ts_ms"], r["run_id"], r["actor"], r["action"], typ, blob)
+                (r["thread_id"], r["ts_ns"], r["run_id"], r["actor"], r["action"], typ, blob)
             )
         return rows
 
@@ -405,12 +405,14 @@ class SqliteBackend(Backend):
 
     async def read_audit(self, thread_id: str | None, limit: int | None) -> list[dict[str, Any]]:
         saver = cast(_Saver, self.saver)
-        sql = "SELECT id, thread_id, ts_ms, run_id, actor, action, type, details FROM criogen_audit"
+        sql = "SELECT id, thread_id, ts_ns, run_id, actor, action, type, details FROM criogen_audit"
         params: tuple[Any, ...] = ()
         if thread_id is not None:
             sql += " WHERE thread_id = ?"
             params = (thread_id,)
-        sql += " ORDER BY id DESC"
+        # Records are stamped when they are made; writes of concurrent tasks may land in
+        # another order.
+        sql += " ORDER BY ts_ns DESC, id DESC"
         if limit:
             sql += f" LIMIT {int(limit)}"
 
@@ -422,7 +424,7 @@ class SqliteBackend(Backend):
             {
                 "id": r[0],
                 "thread_id": r[1],
-                "ts_ms": r[2],
+                "ts_ms": r[2] // 1_000_000,
                 "run_id": r[3],
                 "actor": r[4],
                 "action": r[5],
