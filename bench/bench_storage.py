@@ -1,6 +1,8 @@
 """Durable turns: `thread.send` on SQLite / PostgreSQL against LangChain's `create_agent`
 with LangGraph's own savers, side by side in one process, interleaved blocks.
 
+Also `thread.stream` against `thread.send` on SQLite (every event consumed).
+
 Each run is one user message on a fresh thread, answered in two turns (the scripted model
 calls `echo`, then answers "done"); ms per turn = ms per run / 2. The baselines are
 `create_agent` with `SqliteSaver` (sync `invoke`, the saver's home) and `AsyncSqliteSaver`
@@ -152,7 +154,15 @@ async def per_turn(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         )
         assert out["messages"][-1].content == "done"
 
+    async def ours_sqlite_stream_run() -> None:
+        stream = agent.thread(uuid.uuid4().hex).stream("go")
+        async for _ in stream:
+            pass
+        reply = await stream.reply()
+        assert reply.text == "done"
+
     variants["ours sqlite (thread.send)"] = ours_sqlite_run
+    variants["ours sqlite (thread.stream)"] = ours_sqlite_stream_run
     variants["create_agent SqliteSaver (invoke)"] = lc_sync_run
     variants["create_agent AsyncSqliteSaver (ainvoke)"] = lc_async_run
 
@@ -267,6 +277,8 @@ def main() -> None:
     r_async = ours / per["create_agent AsyncSqliteSaver (ainvoke)"]
     print(f"{'ratio sqlite ours / SqliteSaver':44s} {r_sync:15.2f}   (target <= 0.60)")
     print(f"{'ratio sqlite ours / AsyncSqliteSaver':44s} {r_async:15.2f}   (target <= 0.60)")
+    r_stream = per["ours sqlite (thread.stream)"] / ours
+    print(f"{'ratio sqlite streamed / send':44s} {r_stream:15.2f}   (target <= 1.30)")
     result: dict[str, Any] = {
         "machine": machine(),
         "ms_per_turn": per,
