@@ -47,9 +47,32 @@ from criogen_graph.tools import Tool, ToolContext, tool
 
 __version__ = "0.1.0"
 
+# Provider factories load httpx on first use, so `import criogen_graph` stays fast.
+_LAZY = {
+    "openai": "criogen_graph.adapters.models.openai",
+    "openrouter": "criogen_graph.adapters.models.openai",
+    "azure": "criogen_graph.adapters.models.openai",
+    "OpenAIModel": "criogen_graph.adapters.models.openai",
+    "anthropic": "criogen_graph.adapters.models.anthropic",
+    "AnthropicModel": "criogen_graph.adapters.models.anthropic",
+    "gemini": "criogen_graph.adapters.models.gemini",
+    "GeminiModel": "criogen_graph.adapters.models.gemini",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'criogen_graph' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
 __all__ = [
     "Agent",
     "AgentTool",
+    "AnthropicModel",
     "Approval",
     "ApprovalNeededEvent",
     "ApprovalRequest",
@@ -59,6 +82,7 @@ __all__ = [
     "FakeModel",
     "FakeReply",
     "FunctionModel",
+    "GeminiModel",
     "Hook",
     "HookAction",
     "HookContext",
@@ -70,6 +94,7 @@ __all__ = [
     "ModelError",
     "ModelRequest",
     "ModelResponse",
+    "OpenAIModel",
     "OtherEvent",
     "Reply",
     "Retry",
@@ -92,6 +117,11 @@ __all__ = [
     "ToolResult",
     "ValidationError",
     "__version__",
+    "anthropic",
+    "azure",
+    "gemini",
     "load_env",
+    "openai",
+    "openrouter",
     "tool",
 ]

@@ -309,10 +309,29 @@ class ModelNode:
         models = spec.models
         err: ModelError | None = None
         model = models[0]
+        sink = request.on_text
+        if sink is not None:
+            # A stream that fails part-way is tried again (or falls back) without repeating
+            # what was already emitted: each attempt emits only text beyond it.
+            emitted = [0]
+
+            def attempt_sink() -> Callable[[str], None]:
+                seen = [0]
+
+                def emit(piece: str) -> None:
+                    start, seen[0] = seen[0], seen[0] + len(piece)
+                    if seen[0] > emitted[0]:
+                        sink(piece[max(0, emitted[0] - start) :])
+                        emitted[0] = seen[0]
+
+                return emit
+
         for index, model in enumerate(models):
             attempt = 0
             while True:
                 attempt += 1
+                if sink is not None:
+                    request.on_text = attempt_sink()
                 try:
                     return await model.generate(request), model
                 except ModelError as exc:

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 from criogen_graph.adapters.models.base import Model
-from criogen_graph.errors import ValidationError
 
 
 def from_string(provider: str, name: str) -> Model:
-    """The model for a checked `"provider:model"` string whose key is set."""
-    raise ValidationError(
-        f"'{provider}:{name}': the HTTP provider adapters are not in this build yet; pass a "
-        "langchain chat model (e.g. langchain_openai.ChatOpenAI) or a FakeModel instead",
-        code="unsupported",
-    )
+    """The model for a checked `"provider:model"` string (its key is in the environment)."""
+    if provider == "openai":
+        from criogen_graph.adapters.models.openai import openai
+
+        return openai(name)
+    if provider == "openrouter":
+        from criogen_graph.adapters.models.openai import openrouter
+
+        return openrouter(name)
+    if provider == "azure":
+        from criogen_graph.adapters.models.openai import azure
+
+        return azure(name)
+    if provider == "anthropic":
+        from criogen_graph.adapters.models.anthropic import anthropic
+
+        return anthropic(name)
+    if provider == "gemini":
+        from criogen_graph.adapters.models.gemini import gemini
+
+        return gemini(name)
+    raise TypeError(f"unknown model provider {provider!r}")

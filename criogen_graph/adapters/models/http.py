@@ -1,0 +1,270 @@
+"""What the HTTP provider models share: one pooled `httpx` client per model (and event
+loop), JSON and server-sent-event calls, and the classification of every failure into a
+`ModelError` kind."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+
+from criogen_graph.adapters.models.base import Model
+from criogen_graph.errors import ModelError, ValidationError
+
+_CONTEXT_HINTS = (
+    "context length",
+    "context_length",
+    "maximum context",
+    "context window",
+    "too many tokens",
+    "prompt is too long",
+    "input is too long",
+    "exceeds the maximum",
+    "token limit",
+)
+_FILTER_HINTS = ("content_filter", "content_policy", "content policy", "safety", "responsible ai")
+
+
+def api_key_from(api_key: str | None, env: str, *, required: bool, what: str) -> str | None:
+    """An explicit key, else the environment variable; `ValidationError` naming the
+    variable when a key is needed and there is none."""
+    key = api_key if api_key is not None else os.environ.get(env)
+    if required and not key:
+        raise ValidationError(
+            f"{what} needs an API key: set {env} (or call load_env() for a .env file) or "
+            "pass api_key=",
+            code="invalid_value",
+        )
+    return key
+
+
+def retry_after_secs(headers: Mapping[str, str]) -> float | None:
+    """`Retry-After` (seconds or an HTTP date), or the `retry-after-ms` some providers send."""
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms:
+        try:
+            return max(0.0, float(raw_ms) / 1000)
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(raw) if raw else None
+        if parsed is None:
+            return None
+        return max(0.0, parsed.timestamp() - time.time())
+
+
+def classify_status(status: int, text: str) -> str:
+    """The `ModelError.kind` of an HTTP error status (and its body)."""
+    lowered = text.lower()
+    if status == 429:
+        # Some providers send 429 for an exhausted quota, which no retry fixes.
+        return "rate_limit"
+    if status == 408:
+        return "timeout"
+    if status in (401, 403):
+        return "auth"
+    if status == 404:
+        return "not_found"
+    if status >= 500:
+        return "transient"
+    if any(h in lowered for h in _CONTEXT_HINTS):
+        return "context_overflow"
+    if any(h in lowered for h in _FILTER_HINTS):
+        return "content_filter"
+    return "bad_request"
+
+
+def error_message(text: str) -> str:
+    """The human part of a provider's error body."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.strip()[:500] or "(empty body)"
+    if isinstance(body, list) and body:
+        body = body[0]
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict):
+            msg = err.get("message") or err.get("type") or err.get("status")
+            if msg:
+                return str(msg)[:500]
+        elif isinstance(err, str):
+            return err[:500]
+    return text.strip()[:500]
+
+
+class HttpModel(Model):
+    """A model behind an HTTP API (async `httpx`, one pooled client per event loop).
+
+    `timeout_secs` bounds each read (a response or a stream that goes quiet that long
+    fails with kind `timeout`); `connect_timeout_secs` the connection; `headers` are
+    added to every request.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        base_url: str,
+        headers: Mapping[str, str] | None = None,
+        timeout_secs: float = 60,
+        connect_timeout_secs: float = 10,
+        max_connections: int = 100,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError("the model name must be a non-empty str")
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self.headers = dict(headers or {})
+        self.timeout = httpx.Timeout(timeout_secs, connect=connect_timeout_secs)
+        self._limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
+        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            # Clients of event loops that have finished cannot be reused.
+            for old in [lp for lp in self._clients if lp.is_closed()]:
+                del self._clients[old]
+            client = self._clients[loop] = httpx.AsyncClient(
+                base_url=self.base_url, timeout=self.timeout, limits=self._limits
+            )
+        return client
+
+    def _headers(self) -> dict[str, str]:
+        return {"content-type": "application/json", **self.headers}
+
+    def _error(
+        self,
+        kind: str,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> ModelError:
+        return ModelError(
+            f"{self.provider}:{self.name}: {message}",
+            kind=kind,
+            provider=self.provider,
+            model=self.name,
+            status=status,
+            retry_after=retry_after,
+        )
+
+    def _transport_error(self, exc: Exception) -> ModelError:
+        if isinstance(exc, httpx.TimeoutException):
+            return self._error("timeout", f"timed out ({type(exc).__name__})")
+        return self._error("connection", f"connection failed: {type(exc).__name__}: {exc}")
+
+    def _status_error(self, response: httpx.Response, text: str) -> ModelError:
+        return self._error(
+            classify_status(response.status_code, text),
+            f"HTTP {response.status_code}: {error_message(text)}",
+            status=response.status_code,
+            retry_after=retry_after_secs(response.headers),
+        )
+
+    async def _post(
+        self, path: str, body: dict[str, Any], params: Mapping[str, str] | None = None
+    ) -> Any:
+        """POST a JSON body; the JSON answer, or a classified `ModelError`."""
+        try:
+            response = await self._client().post(
+                path, json=body, headers=self._headers(), params=params
+            )
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc) from exc
+        if response.status_code >= 400:
+            raise self._status_error(response, response.text)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise self._error(
+                "transient", f"the response is not valid JSON: {response.text[:200]!r}"
+            ) from exc
+
+    async def _events(
+        self, path: str, body: dict[str, Any], params: Mapping[str, str] | None = None
+    ) -> AsyncIterator[tuple[str | None, Any]]:
+        """POST and read server-sent events: `(event name or None, parsed JSON data)`.
+        A `[DONE]` data line ends the stream."""
+        client = self._client()
+        try:
+            async with client.stream(
+                "POST", path, json=body, headers=self._headers(), params=params
+            ) as response:
+                if response.status_code >= 400:
+                    text = (await response.aread()).decode("utf-8", "replace")
+                    raise self._status_error(response, text)
+                event: str | None = None
+                data: list[str] = []
+                async for line in response.aiter_lines():
+                    if not line:
+                        if data:
+                            raw = "\n".join(data)
+                            data = []
+                            if raw.strip() == "[DONE]":
+                                return
+                            try:
+                                parsed = json.loads(raw)
+                            except ValueError as exc:
+                                raise self._error(
+                                    "transient", f"a stream event is not valid JSON: {raw[:200]!r}"
+                                ) from exc
+                            yield event, parsed
+                        event = None
+                        continue
+                    if line.startswith(":"):
+                        continue
+                    field, _, value = line.partition(":")
+                    value = value[1:] if value.startswith(" ") else value
+                    if field == "data":
+                        data.append(value)
+                    elif field == "event":
+                        event = value
+                if data:
+                    raw = "\n".join(data)
+                    if raw.strip() != "[DONE]":
+                        try:
+                            yield event, json.loads(raw)
+                        except ValueError as exc:
+                            raise self._error(
+                                "transient", f"a stream event is not valid JSON: {raw[:200]!r}"
+                            ) from exc
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc) from exc
+
+    async def aclose(self) -> None:
+        clients, self._clients = self._clients, {}
+        for loop, client in clients.items():
+            if loop is asyncio.get_running_loop():
+                await client.aclose()
+
+
+def parse_args(raw: Any) -> tuple[dict[str, Any], str | None]:
+    """Tool-call arguments from a JSON string: `(args, None)` or `({}, problem)`."""
+    if isinstance(raw, dict):
+        return raw, None
+    if raw is None or raw == "":
+        return {}, None
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        return {}, f"the arguments are not valid JSON ({exc.msg}): {str(raw)[:200]!r}"
+    if not isinstance(value, dict):
+        return {}, f"the arguments must be a JSON object, got {str(raw)[:200]!r}"
+    return value, None

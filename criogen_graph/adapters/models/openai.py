@@ -1,0 +1,332 @@
+"""OpenAI Chat Completions over HTTP: OpenAI itself, OpenRouter, Azure OpenAI and any
+OpenAI-compatible server (vLLM, Ollama, llama.cpp server) through `base_url`."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from criogen_graph.adapters.models.base import ModelRequest, ModelResponse
+from criogen_graph.adapters.models.http import HttpModel, api_key_from, parse_args
+from criogen_graph.errors import ValidationError
+from criogen_graph.results import empty_usage
+
+OPENAI_URL = "https://api.openai.com/v1"
+OPENROUTER_URL = "https://openrouter.ai/api/v1"
+AZURE_API_VERSION = "2024-10-21"
+_FILTER_FINISH = ("content_filter",)
+
+
+def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Transcript dicts in Chat Completions form."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role = m.get("role")
+        content = m.get("content")
+        if role in ("system", "user"):
+            out.append({"role": role, "content": content if content is not None else ""})
+        elif role == "assistant":
+            msg: dict[str, Any] = {"role": "assistant", "content": content or None}
+            calls = m.get("tool_calls")
+            if calls:
+                msg["tool_calls"] = [
+                    {
+                        "id": c["id"],
+                        "type": "function",
+                        "function": {
+                            "name": c["name"],
+                            "arguments": json.dumps(c.get("args") or {}),
+                        },
+                    }
+                    for c in calls
+                ]
+            elif msg["content"] is None:
+                msg["content"] = ""
+            out.append(msg)
+        elif role == "tool":
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": m.get("tool_call_id", ""),
+                    "content": content if isinstance(content, str) else json.dumps(content),
+                }
+            )
+    return out
+
+
+def _usage(raw: Mapping[str, Any] | None) -> dict[str, int]:
+    usage = empty_usage()
+    if not raw:
+        return usage
+    usage["input_tokens"] = int(raw.get("prompt_tokens") or 0)
+    usage["output_tokens"] = int(raw.get("completion_tokens") or 0)
+    usage["cache_read_tokens"] = int(
+        (raw.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    )
+    usage["reasoning_tokens"] = int(
+        (raw.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    )
+    return usage
+
+
+def _calls(raw_calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    calls = []
+    for c in raw_calls:
+        fn = c.get("function") or {}
+        args, problem = parse_args(fn.get("arguments"))
+        call: dict[str, Any] = {
+            "id": c.get("id") or "call_" + uuid.uuid4().hex[:16],
+            "name": fn.get("name") or "",
+            "args": args,
+        }
+        if problem is not None:
+            call["args_error"] = problem
+        calls.append(call)
+    return calls
+
+
+class OpenAIModel(HttpModel):
+    """A Chat Completions model. Build it with `openai(...)`, `openrouter(...)` or
+    `azure(...)`, or `Agent("openai:<model>")`.
+
+    Tools go out as functions (parallel calls allowed); typed output uses
+    `response_format` with a JSON Schema; streaming reads the SSE stream with usage.
+    """
+
+    provider = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None,
+        base_url: str = OPENAI_URL,
+        provider: str = "openai",
+        headers: Mapping[str, str] | None = None,
+        timeout_secs: float = 60,
+        connect_timeout_secs: float = 10,
+        path: str = "/chat/completions",
+        params: Mapping[str, str] | None = None,
+        key_header: str = "authorization",
+        send_model: bool = True,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> None:
+        auth: dict[str, str] = {}
+        if api_key:
+            auth = (
+                {"authorization": f"Bearer {api_key}"}
+                if key_header == "authorization"
+                else {key_header: api_key}
+            )
+        super().__init__(
+            model,
+            base_url=base_url,
+            headers={**auth, **dict(headers or {})},
+            timeout_secs=timeout_secs,
+            connect_timeout_secs=connect_timeout_secs,
+        )
+        self.provider = provider
+        self._path = path
+        self._params = dict(params or {})
+        self._send_model = send_model
+        self._extra = dict(extra_body or {})
+
+    def body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
+        """The JSON body of a request."""
+        body: dict[str, Any] = {"messages": to_openai_messages(request.messages)}
+        if self._send_model:
+            body["model"] = self.name
+        if request.tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t["name"],
+                        "description": t["description"],
+                        "parameters": t["parameters"],
+                    },
+                }
+                for t in request.tools
+            ]
+        if request.output_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": request.output_schema, "strict": False},
+            }
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        body.update(self._extra)
+        return body
+
+    async def generate(self, request: ModelRequest) -> ModelResponse:
+        if request.on_text is not None:
+            return await self._stream(request)
+        data = await self._post(self._path, self.body(request, stream=False), self._params)
+        choices = data.get("choices") or []
+        if not choices:
+            raise self._error("transient", f"the response has no choices: {json.dumps(data)[:200]}")
+        choice = choices[0]
+        raw = choice.get("message") or {}
+        message: dict[str, Any] = {"role": "assistant", "content": raw.get("content") or ""}
+        calls = _calls(raw.get("tool_calls") or [])
+        if calls:
+            message["tool_calls"] = calls
+        stop = None
+        if raw.get("refusal") or choice.get("finish_reason") in _FILTER_FINISH:
+            stop = "content_filter"
+            if raw.get("refusal") and not message["content"]:
+                message["content"] = raw["refusal"]
+        return ModelResponse(message, _usage(data.get("usage")), stop)
+
+    async def _stream(self, request: ModelRequest) -> ModelResponse:
+        sink = request.on_text
+        assert sink is not None
+        text: list[str] = []
+        refusal: list[str] = []
+        partial: dict[int, dict[str, Any]] = {}
+        finish: str | None = None
+        usage_raw: dict[str, Any] | None = None
+        async for _, chunk in self._events(
+            self._path, self.body(request, stream=True), self._params
+        ):
+            if chunk.get("usage"):
+                usage_raw = chunk["usage"]
+            for choice in chunk.get("choices") or ():
+                delta = choice.get("delta") or {}
+                piece = delta.get("content")
+                if piece:
+                    text.append(piece)
+                    sink(piece)
+                if delta.get("refusal"):
+                    refusal.append(delta["refusal"])
+                for tc in delta.get("tool_calls") or ():
+                    slot = partial.setdefault(
+                        int(tc.get("index", 0)),
+                        {"id": None, "function": {"name": "", "arguments": ""}},
+                    )
+                    if tc.get("id"):
+                        slot["id"] = tc["id"]
+                    fn = tc.get("function") or {}
+                    if fn.get("name"):
+                        slot["function"]["name"] += fn["name"]
+                    if fn.get("arguments"):
+                        slot["function"]["arguments"] += fn["arguments"]
+                if choice.get("finish_reason"):
+                    finish = choice["finish_reason"]
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+        calls = _calls([partial[i] for i in sorted(partial)])
+        if calls:
+            message["tool_calls"] = calls
+        stop = None
+        if refusal or finish in _FILTER_FINISH:
+            stop = "content_filter"
+            if refusal and not message["content"]:
+                message["content"] = "".join(refusal)
+        return ModelResponse(message, _usage(usage_raw), stop)
+
+
+def openai(
+    model: str,
+    *,
+    api_key: str | None = None,
+    base_url: str | None = None,
+    organization: str | None = None,
+    timeout_secs: float = 60,
+    connect_timeout_secs: float = 10,
+    headers: Mapping[str, str] | None = None,
+    extra_body: Mapping[str, Any] | None = None,
+) -> OpenAIModel:
+    """An OpenAI Chat Completions model (the key defaults to `OPENAI_API_KEY`, the URL to
+    `OPENAI_BASE_URL` or OpenAI's).
+
+    With `base_url`, any OpenAI-compatible server: vLLM, Ollama
+    (`base_url="http://localhost:11434/v1"`), llama.cpp server; a key is then optional.
+    `extra_body` adds fields to every request (e.g. `{"temperature": 0}`).
+    """
+    base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+    custom = base_url is not None and base_url.rstrip("/") != OPENAI_URL
+    key = api_key_from(api_key, "OPENAI_API_KEY", required=not custom, what=f"openai:{model}")
+    extra = dict(headers or {})
+    if organization:
+        extra["openai-organization"] = organization
+    return OpenAIModel(
+        model,
+        api_key=key,
+        base_url=base_url or OPENAI_URL,
+        provider="openai",
+        headers=extra,
+        timeout_secs=timeout_secs,
+        connect_timeout_secs=connect_timeout_secs,
+        extra_body=extra_body,
+    )
+
+
+def openrouter(
+    model: str,
+    *,
+    api_key: str | None = None,
+    base_url: str = OPENROUTER_URL,
+    app_url: str | None = None,
+    app_name: str | None = None,
+    timeout_secs: float = 60,
+    connect_timeout_secs: float = 10,
+    headers: Mapping[str, str] | None = None,
+    extra_body: Mapping[str, Any] | None = None,
+) -> OpenAIModel:
+    """A model on OpenRouter (the key defaults to `OPENROUTER_API_KEY`); `app_url` and
+    `app_name` set OpenRouter's attribution headers."""
+    key = api_key_from(api_key, "OPENROUTER_API_KEY", required=True, what=f"openrouter:{model}")
+    extra = dict(headers or {})
+    if app_url:
+        extra["http-referer"] = app_url
+    if app_name:
+        extra["x-title"] = app_name
+    return OpenAIModel(
+        model,
+        api_key=key,
+        base_url=base_url,
+        provider="openrouter",
+        headers=extra,
+        timeout_secs=timeout_secs,
+        connect_timeout_secs=connect_timeout_secs,
+        extra_body=extra_body,
+    )
+
+
+def azure(
+    deployment: str,
+    *,
+    endpoint: str | None = None,
+    api_key: str | None = None,
+    api_version: str = AZURE_API_VERSION,
+    timeout_secs: float = 60,
+    connect_timeout_secs: float = 10,
+    headers: Mapping[str, str] | None = None,
+    extra_body: Mapping[str, Any] | None = None,
+) -> OpenAIModel:
+    """An Azure OpenAI deployment. `endpoint` (e.g. `https://NAME.openai.azure.com`)
+    defaults to `AZURE_OPENAI_ENDPOINT`, the key to `AZURE_OPENAI_API_KEY`."""
+    key = api_key_from(api_key, "AZURE_OPENAI_API_KEY", required=True, what=f"azure:{deployment}")
+    endpoint = endpoint or os.environ.get("AZURE_OPENAI_ENDPOINT")
+    if not endpoint:
+        raise ValidationError(
+            f"azure:{deployment} needs an endpoint: set AZURE_OPENAI_ENDPOINT or pass endpoint=",
+            code="invalid_value",
+        )
+    return OpenAIModel(
+        deployment,
+        api_key=key,
+        base_url=f"{endpoint.rstrip('/')}/openai/deployments/{deployment}",
+        provider="azure",
+        headers=headers,
+        timeout_secs=timeout_secs,
+        connect_timeout_secs=connect_timeout_secs,
+        params={"api-version": api_version},
+        key_header="api-key",
+        send_model=False,
+        extra_body=extra_body,
+    )
