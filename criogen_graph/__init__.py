@@ -5,7 +5,7 @@ The small `Agent` / `Thread` / `Reply` / `Hook` API; underneath, a real LangGrap
 """
 
 from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
-from criogen_graph.adapters.models.fake import FakeModel, FakeReply, FunctionModel
+from criogen_graph.adapters.models.fake import FakeModel, FakeReply, FunctionModel, RecordingModel
 from criogen_graph.agent import Agent, AgentTool
 from criogen_graph.approvals import Approval
 from criogen_graph.env import load_env
@@ -96,6 +96,7 @@ __all__ = [
     "ModelResponse",
     "OpenAIModel",
     "OtherEvent",
+    "RecordingModel",
     "Reply",
     "Retry",
     "RunResult",

@@ -64,9 +64,38 @@ def scripted_model() -> FunctionModel:
     return FunctionModel(support, name="scripted-support")
 
 
+#: Provider models the demo uses when their key is set (first found wins).
+REAL_MODELS = (
+    ("OPENAI_API_KEY", "openai:gpt-5-mini"),
+    ("ANTHROPIC_API_KEY", "anthropic:claude-sonnet-4-5"),
+    ("GEMINI_API_KEY", "gemini:gemini-2.5-flash"),
+    ("OPENROUTER_API_KEY", "openrouter:openai/gpt-5-mini"),
+)
+
+
+def demo_model() -> Any:
+    """`CRIOGEN_DEMO_MODEL` if set (a "provider:model" string, or "scripted"), else a
+    provider whose key is in the environment (or in a .env file), else the scripted
+    model."""
+    import os
+
+    from criogen_graph.env import load_env
+
+    load_env()
+    chosen = os.environ.get("CRIOGEN_DEMO_MODEL")
+    if chosen == "scripted":
+        return scripted_model()
+    if chosen:
+        return chosen
+    for env, model in REAL_MODELS:
+        if os.environ.get(env):
+            return model
+    return scripted_model()
+
+
 def build_agent(storage: Storage | str, model: Any = None) -> Agent[Any]:
     return Agent(
-        model if model is not None else scripted_model(),
+        model if model is not None else demo_model(),
         instructions="You are a support agent. Look orders up before acting on them.",
         tools=[get_order, refund],
         approve=["refund"],
@@ -114,13 +143,18 @@ async def resume_demo(db: Path, thread_id: str, out: Any = print) -> int:
         thread = agent.thread(thread_id, actor="reviewer")
         out(f"== process 2 (pid {_pid()}): a fresh agent on the same file")
         pending = await thread.pending_approvals()
+        if not pending:
+            # A real model may answer without asking for the refund.
+            out("  nothing is waiting for approval")
+            out(f"  final answer: {(await thread.messages())[-1].get('content')}")
         for r in pending:
             out(f"  found pending {r.tool}({json.dumps(r.args)}); approving it")
-        before = len(await thread.messages())
-        reply = await thread.approve()
-        show(out, reply.messages[before:])
-        out(f"  final answer: {reply.text}")
-        out(f"  tool calls: {reply.tool_calls}, version {reply.version}")
+        if pending:
+            before = len(await thread.messages())
+            reply = await thread.approve()
+            show(out, reply.messages[before:])
+            out(f"  final answer: {reply.text}")
+            out(f"  tool calls: {reply.tool_calls}, version {reply.version}")
         out("  audit trail:")
         for a in await storage.audit(thread_id):
             detail = a["details"].get("tool") or a["details"].get("input") or ""

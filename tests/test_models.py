@@ -142,3 +142,21 @@ async def test_langchain_typed_output(openai_server: oa.OpenAIServer) -> None:
     assert result.output == {"answer": 5}
     system = openai_server.requests[0]["messages"][0]
     assert system["role"] == "system" and '"answer"' in system["content"]
+
+
+async def test_langchain_chat_model_streams_text_and_tool_calls(openai_server: oa.OpenAIServer) -> None:
+    from criogen_graph import TextEvent, ToolCallStartedEvent
+
+    openai_server.add(
+        oa.tool_calls(("add", {"a": 20, "b": 22})),
+        oa.text("The sum is forty-two, as the tool said."),
+    )
+    thread = Agent(chat_openai(openai_server), tools=[add]).thread("lc-stream")
+    stream = thread.stream("add 20 and 22")
+    events = [e async for e in stream]
+    reply = await stream.reply()
+    texts = [e.text for e in events if isinstance(e, TextEvent)]
+    assert len(texts) > 1 and "".join(texts) == reply.text == "The sum is forty-two, as the tool said."
+    started = [e for e in events if isinstance(e, ToolCallStartedEvent)]
+    assert [(e.tool, e.args) for e in started] == [("add", {"a": 20, "b": 22})]
+    assert all(body.get("stream") is True for body in openai_server.requests)

@@ -263,7 +263,7 @@ def parse_args(raw: Any) -> tuple[dict[str, Any], str | None]:
         return {}, None
     try:
         value = json.loads(raw)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         return {}, f"the arguments are not valid JSON ({exc.msg}): {str(raw)[:200]!r}"
     if not isinstance(value, dict):
         return {}, f"the arguments must be a JSON object, got {str(raw)[:200]!r}"

@@ -160,6 +160,63 @@ class TranscriptCache:
         return {ch: {"seed": values[ch], "writes": []} for ch in channels}
 
 
+class SaverMixin:
+    """What our savers add to LangGraph's: the transcript cache in front of the
+    `DeltaChannel` history, and audit rows serialized like checkpoint payloads (so an
+    encryption key covers them too). Put it first among the bases."""
+
+    transcripts: TranscriptCache
+    serde: Any
+
+    async def aget_delta_channel_history(self, *, config: Any, channels: Sequence[str]) -> Any:
+        hit = self.transcripts.history(config, channels)
+        if hit is not None:
+            return hit
+        return await super().aget_delta_channel_history(  # type: ignore[misc]
+            config=config, channels=channels
+        )
+
+    def audit_rows(self, records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        """Rows `(thread_id, ts_ns, run_id, actor, action, type, details)`."""
+        rows = []
+        for r in records:
+            typ, blob = self.serde.dumps_typed(r["details"])
+            rows.append(
+                (r["thread_id"], r["ts_ns"], r["run_id"], r["actor"], r["action"], typ, blob)
+            )
+        return rows
+
+    def audit_record(self, row: Sequence[Any]) -> dict[str, Any]:
+        """A record from a row `(id, thread_id, ts_ns, run_id, actor, action, type, details)`."""
+        rid, thread_id, ts_ns, run_id, actor, action, typ, blob = row
+        return {
+            "id": rid,
+            "thread_id": thread_id,
+            "ts_ms": int(ts_ns) // 1_000_000,
+            "run_id": run_id,
+            "actor": actor,
+            "action": action,
+            "details": self.serde.loads_typed((typ, bytes(blob))),
+        }
+
+
+def audit_query(
+    thread_id: str | None, limit: int | None, param: str
+) -> tuple[str, tuple[Any, ...]]:
+    """The SQL reading audit records, newest first (`param` is the driver's placeholder).
+    Records are stamped when they are made; writes of concurrent tasks may land in
+    another order, so the stamp orders them."""
+    sql = "SELECT id, thread_id, ts_ns, run_id, actor, action, type, details FROM criogen_audit"
+    params: tuple[Any, ...] = ()
+    if thread_id is not None:
+        sql += f" WHERE thread_id = {param}"
+        params = (thread_id,)
+    sql += " ORDER BY ts_ns DESC, id DESC"
+    if limit:
+        sql += f" LIMIT {int(limit)}"
+    return sql, params
+
+
 class Backend:
     """A storage backend: a LangGraph checkpointer plus locks and the audit trail."""
 

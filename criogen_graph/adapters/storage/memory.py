@@ -17,6 +17,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from criogen_graph.adapters.storage.base import (
     Backend,
+    SaverMixin,
     TranscriptCache,
     cached_head,
     records_for_put,
@@ -25,19 +26,11 @@ from criogen_graph.adapters.storage.base import (
 )
 
 
-class _Saver(InMemorySaver):
+class _Saver(SaverMixin, InMemorySaver):
     def __init__(self, backend: MemoryBackend, serde: SerializerProtocol | None) -> None:
         super().__init__(serde=serde)
         self._backend = backend
         self.transcripts = TranscriptCache()
-
-    async def aget_delta_channel_history(
-        self, *, config: RunnableConfig, channels: Sequence[str]
-    ) -> Any:
-        hit = self.transcripts.history(config, channels)
-        if hit is not None:
-            return hit
-        return await super().aget_delta_channel_history(config=config, channels=channels)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         hit, head = cached_head(config)

@@ -23,7 +23,9 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from criogen_graph.adapters.storage.base import (
     Backend,
+    SaverMixin,
     TranscriptCache,
+    audit_query,
     cached_head,
     records_for_put,
     records_for_writes,
@@ -108,29 +110,10 @@ def _statement(main: Insert, *ctes: Insert) -> tuple[str, list[Any]]:
 def _saver_class() -> type[Any]:
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
-    class _Saver(AsyncPostgresSaver):
+    class _Saver(SaverMixin, AsyncPostgresSaver):
         """`AsyncPostgresSaver` whose writes are one statement each (rows, blobs and audit
         rows together: one round trip, atomic) on their own pooled connection, with no
         saver-wide lock and no thread hop."""
-
-        transcripts: TranscriptCache
-
-        async def aget_delta_channel_history(
-            self, *, config: RunnableConfig, channels: Sequence[str]
-        ) -> Any:
-            hit = self.transcripts.history(config, channels)
-            if hit is not None:
-                return hit
-            return await super().aget_delta_channel_history(config=config, channels=channels)
-
-        def _audit_rows(self, records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-            rows = []
-            for r in records:
-                typ, blob = self.serde.dumps_typed(r["details"])
-                rows.append(
-                    (r["thread_id"], r["ts_ns"], r["run_id"], r["actor"], r["action"], typ, blob)
-                )
-            return rows
 
         async def _execute(self, sql: str, params: list[Any]) -> None:
             import psycopg
@@ -181,7 +164,7 @@ def _saver_class() -> type[Any]:
                     blob_values[k] = copy["channel_values"].pop(k)
             blob_versions = {k: v for k, v in new_versions.items() if k in blob_values}
             blobs = self._dump_blobs(thread_id, checkpoint_ns, blob_values, blob_versions)
-            audit = self._audit_rows(
+            audit = self.audit_rows(
                 records_for_put(segment_for(str(thread_id)), dict(next_config), metadata)
             )
             meta = Jsonb(get_serializable_checkpoint_metadata(config, metadata))
@@ -218,7 +201,7 @@ def _saver_class() -> type[Any]:
                 task_path,
                 writes,
             )
-            audit = self._audit_rows(
+            audit = self.audit_rows(
                 records_for_writes(segment_for(str(configurable["thread_id"])), writes)
             )
             sql, params = _statement((_WRITES, conflict, list(rows)), (_AUDIT, "", audit))
@@ -414,37 +397,18 @@ class PostgresBackend(Backend):
             await conn.close()
 
     async def write_audit(self, records: list[dict[str, Any]]) -> None:
-        rows = cast(Any, self.saver)._audit_rows(records)
+        rows = cast(Any, self.saver).audit_rows(records)
         async with self._pool.connection() as conn, conn.cursor() as cur:
             await cur.executemany(_INSERT_AUDIT, rows)
 
     async def read_audit(self, thread_id: str | None, limit: int | None) -> list[dict[str, Any]]:
-        sql = "SELECT id, thread_id, ts_ns, run_id, actor, action, type, details FROM criogen_audit"
-        params: tuple[Any, ...] = ()
-        if thread_id is not None:
-            sql += " WHERE thread_id = %s"
-            params = (thread_id,)
-        # Records are stamped when they are made; writes of concurrent tasks (on separate
-        # connections) may land in another order.
-        sql += " ORDER BY ts_ns DESC, id DESC"
-        if limit:
-            sql += f" LIMIT {int(limit)}"
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(sql, params)
+        sql, params = audit_query(thread_id, limit, "%s")
+        async with self._pool.connection() as conn, conn.cursor() as cur:
+            await cur.execute(sql, params)
             rows = await cur.fetchall()
-        serde = self.saver.serde
-        return [
-            {
-                "id": r["id"],
-                "thread_id": r["thread_id"],
-                "ts_ms": r["ts_ns"] // 1_000_000,
-                "run_id": r["run_id"],
-                "actor": r["actor"],
-                "action": r["action"],
-                "details": serde.loads_typed((r["type"], bytes(r["details"]))),
-            }
-            for r in reversed(rows)
-        ]
+        keys = ("id", "thread_id", "ts_ns", "run_id", "actor", "action", "type", "details")
+        saver = cast(Any, self.saver)
+        return [saver.audit_record([r[k] for k in keys]) for r in reversed(rows)]
 
     async def delete_audit(self, thread_id: str) -> int:
         async with self._pool.connection() as conn:

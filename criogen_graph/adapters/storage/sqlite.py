@@ -37,7 +37,9 @@ from langgraph.checkpoint.sqlite.utils import load_pending_writes, pending_write
 
 from criogen_graph.adapters.storage.base import (
     Backend,
+    SaverMixin,
     TranscriptCache,
+    audit_query,
     cached_head,
     records_for_put,
     records_for_writes,
@@ -70,7 +72,7 @@ _INSERT_AUDIT = (
 )
 
 
-class _Saver(AsyncSqliteSaver):
+class _Saver(SaverMixin, AsyncSqliteSaver):
     """`AsyncSqliteSaver` whose writes carry the audit trail, each one function call."""
 
     #: Inline commits between two background WAL checkpoints.
@@ -91,14 +93,6 @@ class _Saver(AsyncSqliteSaver):
         self._wal_task: asyncio.Task[None] | None = None
         self.transcripts = TranscriptCache()
 
-    async def aget_delta_channel_history(
-        self, *, config: RunnableConfig, channels: Sequence[str]
-    ) -> Any:
-        hit = self.transcripts.history(config, channels)
-        if hit is not None:
-            return hit
-        return await super().aget_delta_channel_history(config=config, channels=channels)
-
     async def setup(self) -> None:
         if self.is_setup:
             return
@@ -112,15 +106,6 @@ class _Saver(AsyncSqliteSaver):
                 pass
             await self.conn.executescript(_SCHEMA)
             await self.conn.commit()
-
-    def _audit_rows(self, records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-        rows = []
-        for r in records:
-            typ, blob = self.serde.dumps_typed(r["details"])
-            rows.append(
-                (r["thread_id"], r["ts_ns"], r["run_id"], r["actor"], r["action"], typ, blob)
-            )
-        return rows
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
         fast = self._fast
@@ -180,7 +165,7 @@ class _Saver(AsyncSqliteSaver):
                 "checkpoint_id": checkpoint["id"],
             }
         }
-        audit = self._audit_rows(
+        audit = self.audit_rows(
             records_for_put(segment_for(thread_id), dict(next_config), metadata)
         )
         row = (
@@ -237,7 +222,7 @@ class _Saver(AsyncSqliteSaver):
             )
             for idx, (channel, value) in enumerate(writes)
         ]
-        audit = self._audit_rows(records_for_writes(segment_for(thread_id), writes))
+        audit = self.audit_rows(records_for_writes(segment_for(thread_id), writes))
 
         def write(db: sqlite3.Connection) -> None:
             db.executemany(query, rows)
@@ -395,7 +380,7 @@ class SqliteBackend(Backend):
 
     async def write_audit(self, records: list[dict[str, Any]]) -> None:
         saver = cast(_Saver, self.saver)
-        rows = saver._audit_rows(records)
+        rows = saver.audit_rows(records)
 
         def write(db: sqlite3.Connection) -> None:
             db.executemany(_INSERT_AUDIT, rows)
@@ -405,33 +390,13 @@ class SqliteBackend(Backend):
 
     async def read_audit(self, thread_id: str | None, limit: int | None) -> list[dict[str, Any]]:
         saver = cast(_Saver, self.saver)
-        sql = "SELECT id, thread_id, ts_ns, run_id, actor, action, type, details FROM criogen_audit"
-        params: tuple[Any, ...] = ()
-        if thread_id is not None:
-            sql += " WHERE thread_id = ?"
-            params = (thread_id,)
-        # Records are stamped when they are made; writes of concurrent tasks may land in
-        # another order.
-        sql += " ORDER BY ts_ns DESC, id DESC"
-        if limit:
-            sql += f" LIMIT {int(limit)}"
+        sql, params = audit_query(thread_id, limit, "?")
 
         def read(db: sqlite3.Connection) -> list[Any]:
             return db.execute(sql, params).fetchall()
 
         rows = await saver._run(read, write=False)
-        return [
-            {
-                "id": r[0],
-                "thread_id": r[1],
-                "ts_ms": r[2] // 1_000_000,
-                "run_id": r[3],
-                "actor": r[4],
-                "action": r[5],
-                "details": saver.serde.loads_typed((r[6], r[7])),
-            }
-            for r in reversed(rows)
-        ]
+        return [saver.audit_record(r) for r in reversed(rows)]
 
     async def delete_audit(self, thread_id: str) -> int:
         saver = cast(_Saver, self.saver)
