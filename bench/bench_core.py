@@ -17,69 +17,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable
-from importlib.metadata import version
 from typing import Any
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import interleaved, lc_echo, machine, our_agent, scripted_chat_model
 
 
 def make_create_agent() -> Callable[[], Awaitable[None]]:
     from langchain.agents import create_agent
-    from langchain_core.language_models import BaseChatModel
-    from langchain_core.messages import AIMessage, HumanMessage
-    from langchain_core.outputs import ChatGeneration, ChatResult
-    from langchain_core.tools import tool
+    from langchain_core.messages import HumanMessage
 
-    class ScriptedChatModel(BaseChatModel):
-        """Alternates a tool call and a final answer; bind_tools is a no-op."""
-
-        i: int = 0
-
-        @property
-        def _llm_type(self) -> str:
-            return "scripted"
-
-        def _generate(
-            self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any
-        ) -> ChatResult:
-            self.i += 1
-            if self.i % 2:
-                msg = AIMessage(
-                    content="",
-                    tool_calls=[
-                        {
-                            "name": "echo",
-                            "args": {"text": "hi"},
-                            "id": f"call_{self.i}",
-                            "type": "tool_call",
-                        }
-                    ],
-                )
-            else:
-                msg = AIMessage(content="done")
-            return ChatResult(generations=[ChatGeneration(message=msg)])
-
-        async def _agenerate(
-            self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any
-        ) -> ChatResult:
-            return self._generate(messages, stop)
-
-        def bind_tools(self, tools: Any, **kw: Any) -> Any:
-            return self
-
-    @tool
-    def echo(text: str) -> str:
-        """Echo the text back."""
-        return text
-
-    graph = create_agent(ScriptedChatModel(), [echo])
+    graph = create_agent(scripted_chat_model(), [lc_echo()])
 
     async def run() -> None:
         out = await graph.ainvoke({"messages": [HumanMessage("go")]})
@@ -89,49 +43,13 @@ def make_create_agent() -> Callable[[], Awaitable[None]]:
 
 
 def make_ours() -> Callable[[], Awaitable[None]]:
-    from criogen_graph import Agent, FakeReply, FunctionModel, tool
-
-    @tool
-    def echo(text: str) -> str:
-        """Echo the text back."""
-        return text
-
-    state = {"i": 0}
-
-    def script(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
-        state["i"] += 1
-        if state["i"] % 2:
-            return FakeReply.tool_call("echo", {"text": "hi"}, id=f"call_{state['i']}")
-        return "done"
-
-    agent = Agent(FunctionModel(script), tools=[echo])
+    agent = our_agent()
 
     async def run() -> None:
         result = await agent.run("go")
         assert result.text == "done" and result.tool_calls == 1
 
     return run
-
-
-async def interleaved(
-    variants: dict[str, Callable[[], Awaitable[None]]], blocks: int, runs: int, warmup: int
-) -> dict[str, list[float]]:
-    for fn in variants.values():
-        for _ in range(warmup):
-            await fn()
-    samples: dict[str, list[float]] = {k: [] for k in variants}
-    order = list(variants)
-    for b in range(blocks):
-        # Alternate the order so neither side always runs first in a block.
-        for name in order if b % 2 == 0 else reversed(order):
-            fn = variants[name]
-            gc.collect()
-            out = samples[name]
-            for _ in range(runs):
-                t0 = time.perf_counter_ns()
-                await fn()
-                out.append((time.perf_counter_ns() - t0) / 1e6)
-    return samples
 
 
 def import_time(statement: str, repeats: int) -> float:
@@ -149,15 +67,6 @@ def import_time(statement: str, repeats: int) -> float:
         )
         times.append(float(proc.stdout.strip().splitlines()[-1]) * 1000)
     return statistics.median(times)
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        **{p: version(p) for p in ("langgraph", "langchain", "langchain-core", "criogen-graph")},
-    }
 
 
 def main() -> None:

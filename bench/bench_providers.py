@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import socket
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_core import machine  # noqa: E402
+from _common import interleaved, machine
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
 
@@ -59,7 +56,10 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, float]:
     async def sdk_stream() -> None:
         pieces: list[str] = []
         s = await theirs.chat.completions.create(
-            model="bench", messages=MESSAGES, stream=True, stream_options={"include_usage": True}  # type: ignore[arg-type]
+            model="bench",
+            messages=MESSAGES,
+            stream=True,
+            stream_options={"include_usage": True},  # type: ignore[arg-type]
         )
         async for chunk in s:
             for c in chunk.choices:
@@ -73,25 +73,16 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, float]:
         "ours streamed": ours_stream,
         "openai SDK streamed": sdk_stream,
     }
-    for fn in variants.values():
-        for _ in range(args.warmup):
-            await fn()
-    samples: dict[str, list[float]] = {k: [] for k in variants}
-    names = list(variants)
-    for b in range(args.blocks):
-        for name in names if b % 2 == 0 else reversed(names):
-            gc.collect()
-            for _ in range(args.runs):
-                t0 = time.perf_counter_ns()
-                await variants[name]()
-                samples[name].append((time.perf_counter_ns() - t0) / 1e6)
+    samples = await interleaved(variants, args.blocks, args.runs, args.warmup)
     await ours.aclose()
     await theirs.close()
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--blocks", type=int, default=10)
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=50)
@@ -99,7 +90,10 @@ def main() -> None:
     args = ap.parse_args()
     from importlib.metadata import version
 
-    print("# machine:", json.dumps({**machine(), "openai": version("openai"), "httpx": version("httpx")}))
+    print(
+        "# machine:",
+        json.dumps({**machine(), "openai": version("openai"), "httpx": version("httpx")}),
+    )
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, os.path.join(os.path.dirname(__file__), "loopback.py"), str(port)],
@@ -121,7 +115,9 @@ def main() -> None:
     print(f"{'ratio streamed ours / SDK':34s} {r_stream:10.2f}   (target <= 1.00)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"ms_per_call": per, "ratio_json": r_json, "ratio_stream": r_stream}, f, indent=2)
+            json.dump(
+                {"ms_per_call": per, "ratio_json": r_json, "ratio_stream": r_stream}, f, indent=2
+            )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import statistics
@@ -29,84 +28,17 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_core import machine
+from _common import (
+    interleaved,
+    lc_echo,
+    machine,
+    our_agent,
+    scripted_chat_model,
+)
 
 PG_DEFAULT = os.environ.get(
     "CRIOGEN_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
-
-
-def scripted_chat_model() -> Any:
-    from langchain_core.language_models import BaseChatModel
-    from langchain_core.messages import AIMessage
-    from langchain_core.outputs import ChatGeneration, ChatResult
-
-    class ScriptedChatModel(BaseChatModel):
-        i: int = 0
-
-        @property
-        def _llm_type(self) -> str:
-            return "scripted"
-
-        def _generate(
-            self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any
-        ) -> ChatResult:
-            self.i += 1
-            if self.i % 2:
-                msg = AIMessage(
-                    content="",
-                    tool_calls=[
-                        {
-                            "name": "echo",
-                            "args": {"text": "hi"},
-                            "id": f"call_{self.i}",
-                            "type": "tool_call",
-                        }
-                    ],
-                )
-            else:
-                msg = AIMessage(content="done")
-            return ChatResult(generations=[ChatGeneration(message=msg)])
-
-        async def _agenerate(
-            self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any
-        ) -> ChatResult:
-            return self._generate(messages, stop)
-
-        def bind_tools(self, tools: Any, **kw: Any) -> Any:
-            return self
-
-    return ScriptedChatModel()
-
-
-def lc_echo() -> Any:
-    from langchain_core.tools import tool
-
-    @tool
-    def echo(text: str) -> str:
-        """Echo the text back."""
-        return text
-
-    return echo
-
-
-def our_agent(storage: Any) -> Any:
-    from criogen_graph import Agent, FakeReply, FunctionModel, tool
-
-    @tool
-    def echo(text: str) -> str:
-        """Echo the text back."""
-        return text
-
-    state = {"i": 0}
-
-    def script(messages: Any, tools: Any) -> Any:
-        state["i"] += 1
-        if state["i"] % 2:
-            return FakeReply.tool_call("echo", {"text": "hi"}, id=f"call_{state['i']}")
-        return "done"
-
-    return Agent(FunctionModel(script), tools=[echo], storage=storage)
 
 
 async def per_turn(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
@@ -203,18 +135,7 @@ async def per_turn(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         variants["ours postgres (thread.send)"] = ours_pg_run
         variants["create_agent AsyncPostgresSaver"] = lc_pg_run
 
-    for fn in variants.values():
-        for _ in range(args.warmup):
-            await fn()
-    samples: dict[str, list[float]] = {k: [] for k in variants}
-    names = list(variants)
-    for b in range(args.blocks):
-        for name in names if b % 2 == 0 else reversed(names):
-            gc.collect()
-            for _ in range(args.runs):
-                t0 = time.perf_counter_ns()
-                await variants[name]()
-                samples[name].append((time.perf_counter_ns() - t0) / 1e6)
+    samples = await interleaved(variants, args.blocks, args.runs, args.warmup)
     for close in closers:
         await close()
     conn.close()

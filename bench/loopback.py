@@ -20,7 +20,11 @@ def _json_body() -> bytes:
             "created": 0,
             "model": "bench",
             "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": TEXT}, "finish_reason": "stop"}
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": TEXT},
+                    "finish_reason": "stop",
+                }
             ],
             "usage": USAGE,
         }
@@ -41,7 +45,14 @@ def _sse_body() -> bytes:
     parts = [chunk({"role": "assistant", "content": ""})]
     parts += [chunk({"content": TEXT[i : i + 8]}) for i in range(0, len(TEXT), 8)]
     parts.append(chunk({}, "stop"))
-    usage = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": "bench", "choices": [], "usage": USAGE}
+    usage = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "bench",
+        "choices": [],
+        "usage": USAGE,
+    }
     parts.append(f"data: {json.dumps(usage)}\n\n")
     parts.append("data: [DONE]\n\n")
     return "".join(parts).encode()
@@ -63,8 +74,12 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
             stream = b'"stream": true' in body or b'"stream":true' in body
             payload, kind = (SSE, b"text/event-stream") if stream else (JSON, b"application/json")
             writer.write(
-                b"HTTP/1.1 200 OK\r\ncontent-type: " + kind + b"\r\ncontent-length: "
-                + str(len(payload)).encode() + b"\r\n\r\n" + payload
+                b"HTTP/1.1 200 OK\r\ncontent-type: "
+                + kind
+                + b"\r\ncontent-length: "
+                + str(len(payload)).encode()
+                + b"\r\n\r\n"
+                + payload
             )
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionResetError):

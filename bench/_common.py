@@ -1,0 +1,116 @@
+"""What the benchmark scripts share: the machine description, interleaved timing, and
+the scripted LangChain chat model + `echo` tool the baselines use."""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from importlib.metadata import version
+from typing import Any
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        **{p: version(p) for p in ("langgraph", "langchain", "langchain-core", "criogen-graph")},
+    }
+
+
+async def interleaved(
+    variants: dict[str, Callable[[], Awaitable[None]]], blocks: int, runs: int, warmup: int
+) -> dict[str, list[float]]:
+    """Milliseconds per call of each variant, measured in interleaved blocks (the order
+    alternates, so neither side always runs first)."""
+    for fn in variants.values():
+        for _ in range(warmup):
+            await fn()
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    names = list(variants)
+    for b in range(blocks):
+        for name in names if b % 2 == 0 else reversed(names):
+            fn = variants[name]
+            gc.collect()
+            out = samples[name]
+            for _ in range(runs):
+                t0 = time.perf_counter_ns()
+                await fn()
+                out.append((time.perf_counter_ns() - t0) / 1e6)
+    return samples
+
+
+def scripted_chat_model() -> Any:
+    """A LangChain chat model that alternates a call to `echo` and the answer "done"."""
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
+
+    class ScriptedChatModel(BaseChatModel):
+        i: int = 0
+
+        @property
+        def _llm_type(self) -> str:
+            return "scripted"
+
+        def _generate(
+            self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any
+        ) -> ChatResult:
+            self.i += 1
+            if self.i % 2:
+                call = {
+                    "name": "echo",
+                    "args": {"text": "hi"},
+                    "id": f"call_{self.i}",
+                    "type": "tool_call",
+                }
+                msg = AIMessage(content="", tool_calls=[call])
+            else:
+                msg = AIMessage(content="done")
+            return ChatResult(generations=[ChatGeneration(message=msg)])
+
+        async def _agenerate(
+            self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any
+        ) -> ChatResult:
+            return self._generate(messages, stop)
+
+        def bind_tools(self, tools: Any, **kw: Any) -> Any:
+            return self
+
+    return ScriptedChatModel()
+
+
+def lc_echo() -> Any:
+    """The `echo` tool of the LangChain baselines."""
+    from langchain_core.tools import tool
+
+    @tool
+    def echo(text: str) -> str:
+        """Echo the text back."""
+        return text
+
+    return echo
+
+
+def our_agent(storage: Any = None) -> Any:
+    """Our agent doing the same job: a call to `echo`, then "done"."""
+    from criogen_graph import Agent, FakeReply, FunctionModel, tool
+
+    @tool
+    def echo(text: str) -> str:
+        """Echo the text back."""
+        return text
+
+    state = {"i": 0}
+
+    def script(messages: Any, tools: Any) -> Any:
+        state["i"] += 1
+        if state["i"] % 2:
+            return FakeReply.tool_call("echo", {"text": "hi"}, id=f"call_{state['i']}")
+        return "done"
+
+    return Agent(FunctionModel(script), tools=[echo], storage=storage)
