@@ -47,13 +47,19 @@ def test_no_command_prints_help() -> None:
     assert "demo" in proc.stdout
 
 
-def test_demo_uses_a_real_provider_when_a_key_is_set(tmp_path: Path, openai_server: OpenAIServer) -> None:
+def test_demo_uses_a_real_provider_when_a_key_is_set(
+    tmp_path: Path, openai_server: OpenAIServer
+) -> None:
     openai_server.add(
         tool_calls(("get_order", {"order_id": "A-1"})),
         tool_calls(("refund", {"order_id": "A-1", "reason": "damaged"})),
         text("Refunded A-1 for you."),
     )
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "CRIOGEN_DEMO_MODEL"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.endswith("_API_KEY") and k != "CRIOGEN_DEMO_MODEL"
+    }
     env.update(OPENAI_API_KEY="sk-test", OPENAI_BASE_URL=openai_server.base_url)
     proc = subprocess.run(
         [sys.executable, "-m", "criogen_graph", "demo", "--db", str(tmp_path / "demo.db")],

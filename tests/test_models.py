@@ -144,7 +144,9 @@ async def test_langchain_typed_output(openai_server: oa.OpenAIServer) -> None:
     assert system["role"] == "system" and '"answer"' in system["content"]
 
 
-async def test_langchain_chat_model_streams_text_and_tool_calls(openai_server: oa.OpenAIServer) -> None:
+async def test_langchain_chat_model_streams_text_and_tool_calls(
+    openai_server: oa.OpenAIServer,
+) -> None:
     from criogen_graph import TextEvent, ToolCallStartedEvent
 
     openai_server.add(
@@ -156,7 +158,9 @@ async def test_langchain_chat_model_streams_text_and_tool_calls(openai_server: o
     events = [e async for e in stream]
     reply = await stream.reply()
     texts = [e.text for e in events if isinstance(e, TextEvent)]
-    assert len(texts) > 1 and "".join(texts) == reply.text == "The sum is forty-two, as the tool said."
+    assert (
+        len(texts) > 1 and "".join(texts) == reply.text == "The sum is forty-two, as the tool said."
+    )
     started = [e for e in events if isinstance(e, ToolCallStartedEvent)]
     assert [(e.tool, e.args) for e in started] == [("add", {"a": 20, "b": 22})]
     assert all(body.get("stream") is True for body in openai_server.requests)

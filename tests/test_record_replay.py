@@ -22,7 +22,10 @@ async def test_record_then_replay(openai_server: oa.OpenAIServer, tmp_path: Path
     openai_server.add(
         oa.error(429, "slow down", headers={"retry-after": "0"}),
         oa.tool_calls(("add", {"a": 2, "b": 3})),
-        oa.text("2 + 3 is five, as computed by the tool.", usage={"prompt_tokens": 30, "completion_tokens": 9}),
+        oa.text(
+            "2 + 3 is five, as computed by the tool.",
+            usage={"prompt_tokens": 30, "completion_tokens": 9},
+        ),
     )
     live = RecordingModel(openai("gpt-test", api_key="k", base_url=openai_server.base_url), path)
     agent = Agent(live, tools=[add], model_retry=Retry(initial_backoff_secs=0))
@@ -42,7 +45,9 @@ async def test_record_then_replay(openai_server: oa.OpenAIServer, tmp_path: Path
     events = [e async for e in stream]
     replayed = await stream.reply()
     assert "".join(e.text for e in events if isinstance(e, TextEvent)) == live_text
-    assert [len(e.text) for e in events if isinstance(e, TextEvent)] == [8] * 4 + [7]  # the recorded chunks
+    assert [len(e.text) for e in events if isinstance(e, TextEvent)] == [8] * 4 + [
+        7
+    ]  # the recorded chunks
     strip = lambda ms: [{k: v for k, v in m.items() if k != "id"} for m in ms]  # noqa: E731
     assert strip(replayed.messages) == strip(recorded.messages)  # tool call ids included
     assert replayed.usage == recorded.usage

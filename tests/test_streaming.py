@@ -94,14 +94,21 @@ async def test_events_of_a_run(storage: Storage, thread_id: str) -> None:
         ]
     )
     agent = Agent(
-        model, tools=[lookup, fails, hangs, cached, refund], approve=["refund"], hooks=[SkipCached()], storage=storage
+        model,
+        tools=[lookup, fails, hangs, cached, refund],
+        approve=["refund"],
+        hooks=[SkipCached()],
+        storage=storage,
     )
     thread = agent.thread(thread_id)
     stream = thread.stream("sort it out")
     events = await collect(stream)
     reply = await stream.reply()
     assert reply.needs_approval
-    assert isinstance(events[0], MessageEvent) and events[0].message == {"role": "user", "content": "sort it out"}
+    assert isinstance(events[0], MessageEvent) and events[0].message == {
+        "role": "user",
+        "content": "sort it out",
+    }
     assert isinstance(events[-1], ApprovalNeededEvent)
     assert [r.tool for r in events[-1].requests] == ["refund"]
     assert [type(e).__name__ for e in events if not isinstance(e, OtherEvent)] == [
@@ -116,17 +123,26 @@ async def test_events_of_a_run(storage: Storage, thread_id: str) -> None:
     started = {e.call_id: e for e in events if isinstance(e, ToolCallStartedEvent)}
     finished = {e.call_id: e.status for e in events if isinstance(e, ToolCallFinishedEvent)}
     # each call's id is named after the status it ends with
-    assert finished == {k: k if k != "invalid" else "error" for k in ("ok", "error", "invalid", "timeout", "skipped", "rejected")}
+    assert finished == {
+        k: k if k != "invalid" else "error"
+        for k in ("ok", "error", "invalid", "timeout", "skipped", "rejected")
+    }
     # started only for calls that reached their tool, with the validated args
     assert set(started) == {"ok", "error", "timeout"}
     assert started["ok"].args == {"order_id": "A-1"} and started["ok"].tool == "lookup"
     assert started["error"].args == {"x": 3}
     order = [(type(e).__name__, getattr(e, "call_id", None)) for e in events]
     for call_id in started:
-        assert order.index(("ToolCallStartedEvent", call_id)) < order.index(("ToolCallFinishedEvent", call_id))
+        assert order.index(("ToolCallStartedEvent", call_id)) < order.index(
+            ("ToolCallFinishedEvent", call_id)
+        )
     texts = [e for e in events if isinstance(e, TextEvent)]
     assert [t.text for t in texts] == ["All ", "sorted ", "out."]
-    final = next(e.message for e in events if isinstance(e, MessageEvent) and e.message["role"] == "assistant")
+    final = next(
+        e.message
+        for e in events
+        if isinstance(e, MessageEvent) and e.message["role"] == "assistant"
+    )
     assert {t.message_id for t in texts} == {final["id"]}
     assert final["content"] == reply.text == "All sorted out."
     messages = [e.message for e in events if isinstance(e, MessageEvent)]
@@ -134,17 +150,32 @@ async def test_events_of_a_run(storage: Storage, thread_id: str) -> None:
     assert messages[-1] == reply.messages[-1]
     by_id = lambda ms: sorted(ms, key=lambda m: m.get("tool_call_id", ""))  # noqa: E731
     assert by_id(messages[:-1]) == by_id(reply.messages[2:-1])
-    assert [m["tool_call_id"] for m in reply.messages[2:-1]] == ["ok", "error", "invalid", "timeout", "skipped", "rejected"]
+    assert [m["tool_call_id"] for m in reply.messages[2:-1]] == [
+        "ok",
+        "error",
+        "invalid",
+        "timeout",
+        "skipped",
+        "rejected",
+    ]
     others = [e for e in events if isinstance(e, OtherEvent)]
-    assert {(e.event, e.node) for e in others} >= {("step_started", "tools"), ("step_finished", "tools"), ("step_started", "model")}
+    assert {(e.event, e.node) for e in others} >= {
+        ("step_started", "tools"),
+        ("step_finished", "tools"),
+        ("step_started", "model"),
+    }
     assert {f.name for f in dataclasses.fields(OtherEvent)} == {"event", "node", "step", "type"}
     assert all(isinstance(e.step, int) for e in others)
 
 
 async def test_retry_and_fallback_events_carry_no_content() -> None:
-    primary = FakeModel([FakeReply.error("rate_limit", "secret detail"), FakeReply.error("rate_limit")], name="p")
+    primary = FakeModel(
+        [FakeReply.error("rate_limit", "secret detail"), FakeReply.error("rate_limit")], name="p"
+    )
     backup = FakeModel(["hello"], name="b")
-    agent = Agent(primary, fallbacks=[backup], model_retry=Retry(max_attempts=2, initial_backoff_secs=0))
+    agent = Agent(
+        primary, fallbacks=[backup], model_retry=Retry(max_attempts=2, initial_backoff_secs=0)
+    )
     stream = agent.thread("retries").stream("hi")
     events = await collect(stream)
     others = [(e.event, e.node) for e in events if isinstance(e, OtherEvent)]
@@ -161,14 +192,21 @@ async def test_function_model_streams_in_chunks() -> None:
 
 
 async def test_sub_agent_and_hook_tokens_do_not_leak() -> None:
-    inner = Agent(FunctionModel(lambda m, t: FakeReply.text("INNER SECRET", chunks=["INNER ", "SECRET"])))
+    inner = Agent(
+        FunctionModel(lambda m, t: FakeReply.text("INNER SECRET", chunks=["INNER ", "SECRET"]))
+    )
 
     class Summarize(Hook):
         async def before_model(self, ctx: HookContext) -> None:
             await inner.run("summarize")  # a model call made inside a hook
 
     lead = Agent(
-        FakeModel([FakeReply.tool_call("research", {"input": "q"}), FakeReply.text("outer answer", chunks=["outer ", "answer"])]),
+        FakeModel(
+            [
+                FakeReply.tool_call("research", {"input": "q"}),
+                FakeReply.text("outer answer", chunks=["outer ", "answer"]),
+            ]
+        ),
         tools=[inner.as_tool("research", "Researches.")],
         hooks=[Summarize()],
     )
@@ -194,12 +232,19 @@ async def test_failed_streamed_run_raises_from_the_loop(storage: Storage, thread
 
 
 async def test_reply_without_iterating(storage: Storage, thread_id: str) -> None:
-    reply = await Agent(FakeModel(["hi"]), storage=storage).thread(thread_id).stream("hello").reply()
+    reply = (
+        await Agent(FakeModel(["hi"]), storage=storage).thread(thread_id).stream("hello").reply()
+    )
     assert reply.text == "hi"
 
 
 async def test_stream_on_a_suspended_thread(storage: Storage, thread_id: str) -> None:
-    agent = Agent(FakeModel([FakeReply.tool_call("refund", {"order_id": "1"})]), tools=[refund], approve=["refund"], storage=storage)
+    agent = Agent(
+        FakeModel([FakeReply.tool_call("refund", {"order_id": "1"})]),
+        tools=[refund],
+        approve=["refund"],
+        storage=storage,
+    )
     await agent.thread(thread_id).send("refund")
     with pytest.raises(ThreadSuspendedError):
         await collect(agent.thread(thread_id).stream("again"))
@@ -217,14 +262,23 @@ async def _cancel_and_retry(storage: Storage, thread_id: str, tmp_path: Path, ho
     async def consume() -> None:
         try:
             async for event in stream:
-                if how == "break" and isinstance(event, ToolCallStartedEvent) and event.tool == "slow":
+                if (
+                    how == "break"
+                    and isinstance(event, ToolCallStartedEvent)
+                    and event.tool == "slow"
+                ):
                     break
         finally:
             consumer_done.set()
 
     consumer = asyncio.create_task(consume())
-    await wait_until(lambda: any(x.startswith("slow-started") for x in ledger_lines(tmp_path)), what="slow to start")
-    await wait_until(lambda: any(x.startswith("fast ") for x in ledger_lines(tmp_path)), what="fast to finish")
+    await wait_until(
+        lambda: any(x.startswith("slow-started") for x in ledger_lines(tmp_path)),
+        what="slow to start",
+    )
+    await wait_until(
+        lambda: any(x.startswith("fast ") for x in ledger_lines(tmp_path)), what="fast to finish"
+    )
     if how == "cancel":
         stream.cancel()
     elif how == "task":
@@ -258,7 +312,9 @@ class Verdict(pydantic.BaseModel):
 
 
 SCRIPTS: dict[str, Any] = {
-    "plain": lambda: [FakeReply.text("Hello there.", usage={"input_tokens": 3, "output_tokens": 2})],
+    "plain": lambda: [
+        FakeReply.text("Hello there.", usage={"input_tokens": 3, "output_tokens": 2})
+    ],
     "tools": lambda: [
         FakeReply.tool_calls(
             {"name": "lookup", "args": {"order_id": "A-1"}, "id": "c1"},
@@ -266,8 +322,14 @@ SCRIPTS: dict[str, Any] = {
         ),
         "Looked it up.",
     ],
-    "approval": lambda: [FakeReply.tool_calls({"name": "refund", "args": {"order_id": "A-1"}, "id": "c1"}), "Refunded."],
-    "failure": lambda: [FakeReply.tool_calls({"name": "lookup", "args": {"order_id": "A-1"}, "id": "c1"}), FakeReply.error("auth")],
+    "approval": lambda: [
+        FakeReply.tool_calls({"name": "refund", "args": {"order_id": "A-1"}, "id": "c1"}),
+        "Refunded.",
+    ],
+    "failure": lambda: [
+        FakeReply.tool_calls({"name": "lookup", "args": {"order_id": "A-1"}, "id": "c1"}),
+        FakeReply.error("auth"),
+    ],
     "output": lambda: ["not json", '{"ok": true}'],
 }
 
@@ -275,7 +337,11 @@ SCRIPTS: dict[str, Any] = {
 def normalize(value: Any) -> Any:
     """Drop what differs between any two runs (random ids, times)."""
     if isinstance(value, dict):
-        return {k: normalize(v) for k, v in value.items() if k not in ("id", "run_id", "ts_ms", "duration_ms", "checkpoint_id")}
+        return {
+            k: normalize(v)
+            for k, v in value.items()
+            if k not in ("id", "run_id", "ts_ms", "duration_ms", "checkpoint_id")
+        }
     if isinstance(value, list):
         return [normalize(v) for v in value]
     return value
@@ -283,7 +349,14 @@ def normalize(value: Any) -> Any:
 
 async def play(storage: Storage, thread_id: str, name: str, streamed: bool) -> tuple[Any, Any]:
     kw: dict[str, Any] = {"output": Verdict} if name == "output" else {}
-    agent = Agent(FakeModel(SCRIPTS[name]()), tools=[lookup, fails, refund], approve=["refund"], storage=storage, model_retry=Retry(max_attempts=1), **kw)
+    agent = Agent(
+        FakeModel(SCRIPTS[name]()),
+        tools=[lookup, fails, refund],
+        approve=["refund"],
+        storage=storage,
+        model_retry=Retry(max_attempts=1),
+        **kw,
+    )
     thread = agent.thread(thread_id, actor="same")
 
     async def call(make_stream: Any, plain: Any) -> Any:
@@ -307,24 +380,43 @@ async def play(storage: Storage, thread_id: str, name: str, streamed: bool) -> t
 
 
 @pytest.mark.parametrize("name", list(SCRIPTS))
-async def test_streamed_and_sent_runs_end_the_same(storage: Storage, thread_id: str, name: str) -> None:
+async def test_streamed_and_sent_runs_end_the_same(
+    storage: Storage, thread_id: str, name: str
+) -> None:
     sent, sent_messages = await play(storage, thread_id + "-send", name, streamed=False)
     streamed, streamed_messages = await play(storage, thread_id + "-stream", name, streamed=True)
     assert normalize(streamed_messages) == normalize(sent_messages)
     if isinstance(sent, str):
         assert streamed == sent  # the same error
     else:
-        fields = ("text", "output", "usage", "stop_reason", "needs_approval", "model_calls", "tool_calls", "answered_by", "models", "version")
+        fields = (
+            "text",
+            "output",
+            "usage",
+            "stop_reason",
+            "needs_approval",
+            "model_calls",
+            "tool_calls",
+            "answered_by",
+            "models",
+            "version",
+        )
         assert {f: getattr(streamed, f) for f in fields} == {f: getattr(sent, f) for f in fields}
         assert normalize(streamed.messages) == normalize(sent.messages)
-    assert await audit_of(storage, thread_id + "-stream") == await audit_of(storage, thread_id + "-send")
+    assert await audit_of(storage, thread_id + "-stream") == await audit_of(
+        storage, thread_id + "-send"
+    )
 
 
 async def audit_of(storage: Storage, thread_id: str) -> tuple[list[Any], list[Any]]:
     """The action records in order, and the tool-call records (concurrent calls finish in
     any order) sorted by call."""
-    records = [normalize({k: v for k, v in a.items() if k != "thread_id"}) for a in await storage.audit(thread_id)]
+    records = [
+        normalize({k: v for k, v in a.items() if k != "thread_id"})
+        for a in await storage.audit(thread_id)
+    ]
     actions = [r for r in records if r["action"] != "tool_call"]
-    calls = sorted((r for r in records if r["action"] == "tool_call"), key=lambda r: r["details"]["call_id"])
+    calls = sorted(
+        (r for r in records if r["action"] == "tool_call"), key=lambda r: r["details"]["call_id"]
+    )
     return actions, calls
-

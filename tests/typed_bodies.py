@@ -6,10 +6,10 @@ from __future__ import annotations
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NotRequired, Required
 
 import pydantic
-from typing_extensions import NotRequired, ReadOnly, Required, is_typeddict
+from typing_extensions import ReadOnly, is_typeddict
 
 _WRAPPERS = (Required, NotRequired, ReadOnly, typing.Annotated)
 

@@ -27,6 +27,12 @@ _CONTEXT_HINTS = (
     "input is too long",
     "exceeds the maximum",
     "token limit",
+    "context limit",
+)
+#: How typed output is asked for when a provider has no native JSON-Schema mode.
+OUTPUT_INSTRUCTION = (
+    "Give your final answer as JSON only (no prose, no code fences), matching this JSON "
+    "Schema:\n{schema}"
 )
 _FILTER_HINTS = ("content_filter", "content_policy", "content policy", "safety", "responsible ai")
 

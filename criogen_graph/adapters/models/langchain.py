@@ -8,13 +8,9 @@ import json
 from typing import Any
 
 from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
+from criogen_graph.adapters.models.http import OUTPUT_INSTRUCTION
 from criogen_graph.errors import ModelError
 from criogen_graph.results import empty_usage
-
-_OUTPUT_INSTRUCTION = (
-    "Give your final answer as JSON only (no prose, no code fences), matching this JSON "
-    "Schema:\n{schema}"
-)
 
 
 def is_langchain_chat_model(obj: object) -> bool:
@@ -145,7 +141,7 @@ def to_langchain_messages(
                 )
             )
     if output_schema is not None:
-        instruction = _OUTPUT_INSTRUCTION.format(schema=json.dumps(output_schema))
+        instruction = OUTPUT_INSTRUCTION.format(schema=json.dumps(output_schema))
         if out and isinstance(out[0], SystemMessage):
             out[0] = SystemMessage(f"{out[0].content}\n\n{instruction}")
         else:

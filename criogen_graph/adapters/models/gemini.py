@@ -1,0 +1,578 @@
+"""Google Gemini over HTTP: the Gemini API (`generativelanguage`, v1beta), i.e.
+`POST /v1beta/models/{model}:generateContent` and `:streamGenerateContent?alt=sse`.
+
+How the transcript maps to the wire:
+
+- system messages become `systemInstruction`; user messages `user` contents; assistant
+  messages `model` contents of `text` and `functionCall` parts; tool results one `user`
+  content of `functionResponse` parts (`{"result": ...}`, or `{"error": ...}` when the
+  call failed, timed out or was rejected). Consecutive contents of one role are merged, so
+  roles alternate as the API requires.
+- Tool input schemas go out as `parameters`, the API's subset of OpenAPI 3.0, converted
+  from JSON Schema: `$ref`s inlined, `anyOf` with `null` turned into `nullable`, keys the
+  subset lacks (`title`, `additionalProperties`, `$defs`, unsupported `format`s, ...)
+  dropped. That field works with every Gemini model. A schema the subset cannot express
+  (a free-form object such as `dict[str, str]`, a recursive model, an untyped value, a
+  non-string enum) goes out unchanged as `parametersJsonSchema` (full JSON Schema, Gemini
+  2.5 and later). A tool without parameters declares none (the API rejects an object
+  without properties).
+- Typed output uses `responseMimeType: "application/json"` with `responseSchema` (the same
+  conversion; `responseJsonSchema` when needed). Gemini 2.x rejects that JSON mode when
+  tools are offered, so with tools the schema goes into the system instruction instead; the
+  agent checks the answer (and asks again) either way.
+- Tool calls keep what Gemini wants back in later requests: `thought_signature` (the
+  part's `thoughtSignature`; Gemini 3 rejects a function-call turn without it) and
+  `gemini_id` (the call id, when the API gave one; otherwise the id is made here and never
+  sent). A call turn without a signature (another model's calls, in a fallback) is sent
+  with the placeholder signature Google documents for history Gemini did not write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.parse
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from criogen_graph.adapters.models.base import ModelRequest, ModelResponse, TextSink
+from criogen_graph.adapters.models.http import (
+    OUTPUT_INSTRUCTION,
+    HttpModel,
+    api_key_from,
+    classify_status,
+    error_message,
+    parse_args,
+    retry_after_secs,
+)
+from criogen_graph.errors import ModelError
+from criogen_graph.results import empty_usage
+
+if TYPE_CHECKING:
+    import httpx
+
+GEMINI_URL = "https://generativelanguage.googleapis.com"
+#: Finish reasons that mean the provider withheld (part of) the answer.
+_FILTER_FINISH = frozenset(
+    {
+        "SAFETY",
+        "PROHIBITED_CONTENT",
+        "BLOCKLIST",
+        "SPII",
+        "RECITATION",
+        "IMAGE_SAFETY",
+        "IMAGE_PROHIBITED_CONTENT",
+    }
+)
+_ERROR_STATUSES = frozenset({"error", "timeout", "rejected"})
+# Documented by Google for function calls the model did not produce itself.
+_FOREIGN_SIGNATURE = "skip_thought_signature_validator"
+_VERSIONED = re.compile(r"/v\d+(?:alpha|beta)?\d*$")
+
+# -- JSON Schema -> the API's Schema subset ----------------------------------------------
+
+_TYPES = {
+    "string": "STRING",
+    "number": "NUMBER",
+    "integer": "INTEGER",
+    "boolean": "BOOLEAN",
+    "array": "ARRAY",
+    "object": "OBJECT",
+}
+_FORMATS = {
+    "STRING": frozenset({"enum", "date-time"}),
+    "NUMBER": frozenset({"float", "double"}),
+    "INTEGER": frozenset({"int32", "int64"}),
+}
+_KEPT = (
+    "description",
+    "minItems",
+    "maxItems",
+    "minLength",
+    "maxLength",
+    "minProperties",
+    "maxProperties",
+    "pattern",
+    "minimum",
+    "maximum",
+    "default",
+    "example",
+)
+
+
+class _Inexpressible(Exception):
+    """The schema needs full JSON Schema."""
+
+
+def to_gemini_schema(schema: Mapping[str, Any], *, ordered: bool = False) -> dict[str, Any] | None:
+    """A JSON Schema in the API's `Schema` form (an OpenAPI 3.0 subset), or None when that
+    subset cannot express it (send it as `parametersJsonSchema` / `responseJsonSchema`).
+
+    `ordered` adds `propertyOrdering` (the declared order) to objects: for response schemas,
+    whose keys the API otherwise writes in alphabetical order."""
+    try:
+        return _convert(schema, schema, (), ordered)
+    except _Inexpressible:
+        return None
+
+
+def _resolve(ref: str, root: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not ref.startswith("#"):
+        raise _Inexpressible(ref)
+    node: Any = root
+    for raw in ref[1:].split("/")[1:]:
+        key = urllib.parse.unquote(raw).replace("~1", "/").replace("~0", "~")
+        if not isinstance(node, Mapping) or key not in node:
+            raise _Inexpressible(ref)
+        node = node[key]
+    if not isinstance(node, Mapping):
+        raise _Inexpressible(ref)
+    return node
+
+
+def _convert(
+    node: Any, root: Mapping[str, Any], seen: tuple[str, ...], ordered: bool
+) -> dict[str, Any]:
+    if not isinstance(node, Mapping):
+        raise _Inexpressible(node)  # e.g. the `true` schema
+    node = {k: v for k, v in node.items() if k not in ("$defs", "definitions")}
+    ref = node.pop("$ref", None)
+    if ref is not None:
+        if ref in seen:
+            raise _Inexpressible(ref)  # recursive
+        # Keywords beside the reference (a field's description) win over the target's.
+        return _convert({**_resolve(ref, root), **node}, root, (*seen, ref), ordered)
+    all_of = node.pop("allOf", None)
+    if all_of is not None:
+        if not isinstance(all_of, list) or len(all_of) != 1 or not isinstance(all_of[0], Mapping):
+            raise _Inexpressible(all_of)
+        return _convert({**all_of[0], **node}, root, seen, ordered)
+    kept = {k: node[k] for k in _KEPT if k in node}
+    variants = node.pop("anyOf", None)
+    if variants is None:
+        variants = node.pop("oneOf", None)
+    if variants is not None:
+        if not isinstance(variants, list):
+            raise _Inexpressible(variants)
+        real = [v for v in variants if not (isinstance(v, Mapping) and v.get("type") == "null")]
+        if not real:
+            raise _Inexpressible(variants)
+        if len(real) == 1:
+            out = {**_convert(real[0], root, seen, ordered), **kept}
+        else:
+            out = {**kept, "anyOf": [_convert(v, root, seen, ordered) for v in real]}
+        if len(real) < len(variants):
+            out["nullable"] = True
+        return out
+
+    nullable = False
+    kind = node.get("type")
+    if isinstance(kind, list):
+        nullable = "null" in kind
+        rest = [k for k in kind if k != "null"]
+        if len(rest) != 1:
+            raise _Inexpressible(kind)
+        kind = rest[0]
+    enum = node.get("enum")
+    if "const" in node:
+        enum = [node["const"]]
+    if kind is None:
+        if enum is not None and all(isinstance(v, str) for v in enum):
+            kind = "string"
+        elif "properties" in node:
+            kind = "object"
+        elif "items" in node:
+            kind = "array"
+        else:
+            raise _Inexpressible(node)  # any value at all
+    if kind not in _TYPES:
+        raise _Inexpressible(kind)
+    out = {"type": _TYPES[kind], **kept}
+    fmt = node.get("format")
+    if fmt in _FORMATS.get(out["type"], ()):
+        out["format"] = fmt
+    if enum is not None:
+        if not isinstance(enum, list):
+            raise _Inexpressible(enum)
+        if None in enum:
+            nullable = True
+        values = [v for v in enum if v is not None]
+        # The API takes string enums only; other values would change type on the way.
+        if not all(isinstance(v, str) for v in values):
+            raise _Inexpressible(enum)
+        out["enum"] = values
+    if out["type"] == "OBJECT":
+        props = node.get("properties")
+        if not isinstance(props, Mapping) or not props:
+            raise _Inexpressible(node)  # a free-form object (a map)
+        out["properties"] = {
+            name: _convert(sub, root, seen, ordered) for name, sub in props.items()
+        }
+        required = [r for r in node.get("required") or () if r in props]
+        if required:
+            out["required"] = required
+        if ordered and len(props) > 1:
+            out["propertyOrdering"] = list(props)
+    elif out["type"] == "ARRAY":
+        items = node.get("items")
+        if not isinstance(items, Mapping):
+            raise _Inexpressible(node)  # tuples (prefixItems) or items of any kind
+        out["items"] = _convert(items, root, seen, ordered)
+    if nullable:
+        out["nullable"] = True
+    return out
+
+
+def _declaration(spec: Mapping[str, Any]) -> dict[str, Any]:
+    decl: dict[str, Any] = {"name": spec["name"], "description": spec.get("description") or ""}
+    params: Mapping[str, Any] = spec.get("parameters") or {}
+    if (
+        not params.get("properties")
+        and not params.get("additionalProperties")
+        and not any(k in params for k in ("$ref", "anyOf", "oneOf", "allOf"))
+    ):
+        return decl  # no parameters
+    converted = to_gemini_schema(params)
+    if converted is None:
+        decl["parametersJsonSchema"] = dict(params)
+    else:
+        decl["parameters"] = converted
+    return decl
+
+
+# -- transcript -> contents --------------------------------------------------------------
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        pieces = [
+            p if isinstance(p, str) else str(p.get("text") or "")
+            for p in content
+            if isinstance(p, str | Mapping)
+        ]
+        return "".join(pieces)
+    return json.dumps(content)
+
+
+def to_gemini_contents(messages: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The system texts and the `contents` of a transcript."""
+    system: list[str] = []
+    contents: list[dict[str, Any]] = []
+    calls: dict[str, Mapping[str, Any]] = {}
+
+    def add(role: str, parts: list[dict[str, Any]]) -> None:
+        if not parts:
+            return
+        if contents and contents[-1]["role"] == role:
+            contents[-1]["parts"].extend(parts)
+        else:
+            contents.append({"role": role, "parts": parts})
+
+    for m in messages:
+        role = m.get("role")
+        text = _text(m.get("content"))
+        if role == "system":
+            if text:
+                system.append(text)
+        elif role == "user":
+            add("user", [{"text": text}] if text else [])
+        elif role == "assistant":
+            parts: list[dict[str, Any]] = [{"text": text}] if text else []
+            for i, c in enumerate(m.get("tool_calls") or ()):
+                calls[str(c.get("id"))] = c
+                args = c.get("args")
+                call: dict[str, Any] = {
+                    "name": c.get("name") or "",
+                    "args": args if isinstance(args, Mapping) else {},
+                }
+                if c.get("gemini_id"):
+                    call["id"] = c["gemini_id"]
+                part: dict[str, Any] = {"functionCall": call}
+                signature = c.get("thought_signature")
+                if signature:
+                    part["thoughtSignature"] = signature
+                elif i == 0:
+                    # Gemini 3 wants a signature on the first call of each step.
+                    part["thoughtSignature"] = _FOREIGN_SIGNATURE
+                parts.append(part)
+            add("model", parts)
+        elif role == "tool":
+            source = calls.get(str(m.get("tool_call_id")), {})
+            value = m.get("content")
+            key = "error" if m.get("status") in _ERROR_STATUSES else "result"
+            response: dict[str, Any] = {
+                # Gemini pairs a response with the call by name: use the name it called.
+                "name": source.get("name") or m.get("name") or "",
+                "response": {key: value if value is not None else ""},
+            }
+            if source.get("gemini_id"):
+                response["id"] = source["gemini_id"]
+            add("user", [{"functionResponse": response}])
+    return system, contents
+
+
+# -- reply -------------------------------------------------------------------------------
+
+
+def _usage(raw: Mapping[str, Any] | None) -> dict[str, int]:
+    usage = empty_usage()
+    if not raw:
+        return usage
+    thoughts = int(raw.get("thoughtsTokenCount") or 0)
+    usage["input_tokens"] = int(raw.get("promptTokenCount") or 0)
+    # Thinking tokens are billed as output.
+    usage["output_tokens"] = int(raw.get("candidatesTokenCount") or 0) + thoughts
+    usage["reasoning_tokens"] = thoughts
+    usage["cache_read_tokens"] = int(raw.get("cachedContentTokenCount") or 0)
+    return usage
+
+
+def _call(raw: Mapping[str, Any], signature: Any) -> dict[str, Any]:
+    given = raw.get("args")
+    if given is None or isinstance(given, dict | str):
+        args, problem = parse_args(given)
+    else:
+        args, problem = {}, f"the arguments must be a JSON object, got {json.dumps(given)[:200]}"
+    call_id = raw.get("id")
+    call: dict[str, Any] = {
+        "id": str(call_id) if call_id else "call_" + uuid.uuid4().hex[:24],
+        "name": str(raw.get("name") or ""),
+        "args": args,
+    }
+    if call_id:
+        call["gemini_id"] = str(call_id)
+    if isinstance(signature, str) and signature:
+        call["thought_signature"] = signature
+    if problem is not None:
+        call["args_error"] = problem
+    return call
+
+
+class _Reply:
+    """A reply put together from one response, or from the partial responses of a stream."""
+
+    def __init__(self, sink: TextSink | None) -> None:
+        self.sink = sink
+        self.text: list[str] = []
+        self.calls: list[dict[str, Any]] = []
+        self.finish: str | None = None
+        self.blocked: str | None = None
+        self.usage: Mapping[str, Any] | None = None
+        self.answered = False
+
+    def add(self, data: Mapping[str, Any]) -> None:
+        if data.get("usageMetadata"):
+            self.usage = data["usageMetadata"]
+        block = (data.get("promptFeedback") or {}).get("blockReason")
+        if block:
+            self.blocked = str(block)
+        candidates = data.get("candidates") or []
+        if not candidates or not isinstance(candidates[0], Mapping):
+            return
+        candidate = candidates[0]
+        self.answered = True
+        for part in (candidate.get("content") or {}).get("parts") or ():
+            if not isinstance(part, Mapping) or part.get("thought"):
+                continue  # thought summaries are not part of the answer
+            piece = part.get("text")
+            if isinstance(piece, str) and piece:
+                self.text.append(piece)
+                if self.sink is not None:
+                    self.sink(piece)
+            raw_call = part.get("functionCall")
+            if isinstance(raw_call, Mapping):
+                self.calls.append(_call(raw_call, part.get("thoughtSignature")))
+        if candidate.get("finishReason"):
+            self.finish = str(candidate["finishReason"])
+
+    def response(self, model: GeminiModel, *, streamed: bool) -> ModelResponse:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text)}
+        if self.calls:
+            message["tool_calls"] = self.calls
+        usage = _usage(self.usage)
+        if not self.answered:
+            if self.blocked:
+                return ModelResponse(message, usage, "content_filter")
+            raise model._error("transient", "the response has no candidates")
+        if self.finish in _FILTER_FINISH:
+            return ModelResponse(message, usage, "content_filter")
+        if self.finish == "MALFORMED_FUNCTION_CALL" and not self.calls:
+            # Nothing usable came back; another attempt usually writes a valid call.
+            raise model._error("transient", "the model wrote a malformed function call")
+        if streamed and self.finish is None:
+            raise model._error("connection", "the stream ended before the answer was finished")
+        return ModelResponse(message, usage)
+
+
+def _error_details(text: str) -> list[Mapping[str, Any]]:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return []
+    if isinstance(body, list) and body:
+        body = body[0]
+    err = body.get("error") if isinstance(body, Mapping) else None
+    details = err.get("details") if isinstance(err, Mapping) else None
+    return [d for d in details if isinstance(d, Mapping)] if isinstance(details, list) else []
+
+
+def _retry_delay(details: list[Mapping[str, Any]]) -> float | None:
+    """`google.rpc.RetryInfo.retryDelay` (e.g. `"37s"`), which Gemini sends on 429s."""
+    for d in details:
+        delay = d.get("retryDelay")
+        if str(d.get("@type", "")).endswith("RetryInfo") and isinstance(delay, str):
+            try:
+                return max(0.0, float(delay.rstrip("s")))
+            except ValueError:
+                return None
+    return None
+
+
+class GeminiModel(HttpModel):
+    """A Gemini model through the Gemini API. Build it with `gemini(...)` or
+    `Agent("gemini:<model>")`.
+
+    Tools go out as function declarations (parallel calls allowed); typed output uses
+    the API's JSON mode with a response schema; streaming reads `alt=sse` events. The key
+    travels in the `x-goog-api-key` header, never in the URL.
+    """
+
+    provider = "gemini"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None,
+        base_url: str = GEMINI_URL,
+        headers: Mapping[str, str] | None = None,
+        timeout_secs: float = 60,
+        connect_timeout_secs: float = 10,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> None:
+        auth = {"x-goog-api-key": api_key} if api_key else {}
+        super().__init__(
+            model,
+            base_url=base_url,
+            headers={**auth, **dict(headers or {})},
+            timeout_secs=timeout_secs,
+            connect_timeout_secs=connect_timeout_secs,
+        )
+        # A base URL that already names an API version (a proxy's ".../v1beta") keeps it.
+        version = "" if _VERSIONED.search(self.base_url) else "/v1beta"
+        resource = model if "/" in model else f"models/{model}"
+        self._path = f"{version}/{urllib.parse.quote(resource, safe='/')}"
+        self._extra = dict(extra_body or {})
+
+    def body(self, request: ModelRequest) -> dict[str, Any]:
+        """The JSON body of a request (the same for streamed and plain calls)."""
+        system, contents = to_gemini_contents(request.messages)
+        body: dict[str, Any] = {"contents": contents}
+        config: dict[str, Any] = {}
+        if request.tools:
+            body["tools"] = [{"functionDeclarations": [_declaration(t) for t in request.tools]}]
+        if request.output_schema is not None:
+            if request.tools:
+                system.append(OUTPUT_INSTRUCTION.format(schema=json.dumps(request.output_schema)))
+            else:
+                config["responseMimeType"] = "application/json"
+                schema = to_gemini_schema(request.output_schema, ordered=True)
+                if schema is None:
+                    config["responseJsonSchema"] = request.output_schema
+                else:
+                    config["responseSchema"] = schema
+        if system:
+            body["systemInstruction"] = {"parts": [{"text": t} for t in system]}
+        if config:
+            body["generationConfig"] = config
+        for key, value in self._extra.items():
+            # `extra_body={"generationConfig": {...}}` adds to the config, not replace it.
+            if isinstance(value, Mapping) and isinstance(body.get(key), dict):
+                body[key] = {**body[key], **value}
+            else:
+                body[key] = value
+        return body
+
+    async def generate(self, request: ModelRequest) -> ModelResponse:
+        if request.on_text is not None:
+            return await self._stream(request)
+        data = await self._post(f"{self._path}:generateContent", self.body(request))
+        if not isinstance(data, Mapping):
+            raise self._error("transient", f"the response is not an object: {str(data)[:200]}")
+        reply = _Reply(None)
+        reply.add(data)
+        return reply.response(self, streamed=False)
+
+    async def _stream(self, request: ModelRequest) -> ModelResponse:
+        reply = _Reply(request.on_text)
+        async for _, chunk in self._events(
+            f"{self._path}:streamGenerateContent", self.body(request), {"alt": "sse"}
+        ):
+            if not isinstance(chunk, Mapping):
+                continue
+            err = chunk.get("error")
+            if isinstance(err, Mapping):
+                # A failure reported inside an open stream, in the error body's shape.
+                status = int(err.get("code") or 500)
+                raw = json.dumps(chunk)
+                raise self._error(
+                    classify_status(status, raw),
+                    f"error in the stream: {error_message(raw)}",
+                    status=status,
+                )
+            reply.add(chunk)
+        return reply.response(self, streamed=True)
+
+    def _status_error(self, response: httpx.Response, text: str) -> ModelError:
+        details = _error_details(text)
+        kind = classify_status(response.status_code, text)
+        if kind == "bad_request" and any(
+            str(d.get("reason", "")).startswith("API_KEY_") for d in details
+        ):
+            kind = "auth"  # Gemini answers a bad key with 400 INVALID_ARGUMENT
+        retry_after = retry_after_secs(response.headers)
+        if retry_after is None:
+            retry_after = _retry_delay(details)
+        return self._error(
+            kind,
+            f"HTTP {response.status_code}: {error_message(text)}",
+            status=response.status_code,
+            retry_after=retry_after,
+        )
+
+
+def gemini(
+    model: str,
+    *,
+    api_key: str | None = None,
+    base_url: str | None = None,
+    timeout_secs: float = 60,
+    connect_timeout_secs: float = 10,
+    headers: Mapping[str, str] | None = None,
+    extra_body: Mapping[str, Any] | None = None,
+) -> GeminiModel:
+    """A Gemini model (e.g. `gemini("gemini-2.5-flash")`); the key defaults to
+    `GEMINI_API_KEY`, the URL to `GEMINI_BASE_URL` or Google's.
+
+    With a custom `base_url` (a proxy or gateway) a key is optional. `extra_body` adds
+    fields to every request, e.g. `{"generationConfig": {"temperature": 0}}` or
+    `{"safetySettings": [...]}`.
+    """
+    base_url = base_url or os.environ.get("GEMINI_BASE_URL") or None
+    custom = base_url is not None and base_url.rstrip("/") != GEMINI_URL
+    key = api_key_from(api_key, "GEMINI_API_KEY", required=not custom, what=f"gemini:{model}")
+    return GeminiModel(
+        model,
+        api_key=key,
+        base_url=base_url or GEMINI_URL,
+        headers=headers,
+        timeout_secs=timeout_secs,
+        connect_timeout_secs=connect_timeout_secs,
+        extra_body=extra_body,
+    )
