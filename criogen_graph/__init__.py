@@ -43,7 +43,7 @@ from criogen_graph.stream import (
     ToolCallStartedEvent,
 )
 from criogen_graph.thread import Thread
-from criogen_graph.tools import Tool, ToolContext, tool
+from criogen_graph.tools import Tool, ToolContext, ToolSource, tool
 
 __version__ = "0.1.0"
 
@@ -116,6 +116,7 @@ __all__ = [
     "ToolError",
     "ToolExecutionError",
     "ToolResult",
+    "ToolSource",
     "ValidationError",
     "__version__",
     "anthropic",

@@ -26,7 +26,7 @@ from criogen_graph.nodes.state import new_run
 from criogen_graph.nodes.tools import ToolOutput
 from criogen_graph.options import Limits, Retry
 from criogen_graph.results import ApprovalRequest, RunResult, empty_usage
-from criogen_graph.tools import Tool, ToolContext, ToolError, check_tool_name
+from criogen_graph.tools import Tool, ToolContext, ToolError, ToolSource, check_tool_name
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
@@ -88,10 +88,10 @@ class Agent(Generic[Output]):
         models = (primary, *(resolve_model(m, option="fallbacks entry") for m in fallbacks))
         if instructions is not None and not isinstance(instructions, str):
             raise TypeError(f"instructions must be a str, got {type(instructions).__name__}")
-        tool_map = _collect_tools(tools)
+        tool_map, sources = _collect_tools(tools)
         approvals = compile_approvals(approve)
         unknown = [t for t in approvals if t not in tool_map]
-        if unknown:
+        if unknown and not sources:
             raise ValidationError(
                 f"approve names {unknown}, which are not among the agent's tools "
                 f"{sorted(tool_map)}",
@@ -141,6 +141,7 @@ class Agent(Generic[Output]):
             max_retry_after_secs=float(max_retry_after_secs),
             hooks=compile_hooks(list(hooks) if not isinstance(hooks, Sequence) else hooks),
             name=name,
+            sources=sources,
         )
         if storage is None:
             storage = "memory://"
@@ -218,6 +219,7 @@ class Agent(Generic[Output]):
         user = _user_message(input)
         run_state = _check_state(state)
         run_id = uuid.uuid4().hex
+        await self._spec.ensure_tools()
         graph = self.graph
         hooks = self._spec.hooks
         hook_states: dict[str, Any] | None = None
@@ -258,6 +260,20 @@ class Agent(Generic[Output]):
             await self._on_end(run_id, values, [user], run_state, outcome)
         self._raise_for_limit(values, result)
         return result
+
+    async def aclose(self) -> None:
+        """Close what the agent opened: connections of its models and of its tool sources
+        (MCP servers). The storage is not closed (other agents may share it)."""
+        for source in self._spec.sources:
+            await source.aclose()
+        for model in self._spec.models:
+            await model.aclose()
+
+    async def __aenter__(self) -> Agent[Output]:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     def as_tool(self, name: str, description: str) -> AgentTool:
         """This agent as a tool of another agent: it takes `{"input": str}`, runs this
@@ -476,11 +492,15 @@ def _is_storage(value: object) -> bool:
     return isinstance(value, Storage)
 
 
-def _collect_tools(tools: Iterable[Any]) -> dict[str, Tool]:
-    if isinstance(tools, str | bytes | Tool) or not isinstance(tools, Iterable):
+def _collect_tools(tools: Iterable[Any]) -> tuple[dict[str, Tool], tuple[ToolSource, ...]]:
+    if isinstance(tools, str | bytes | Tool | ToolSource) or not isinstance(tools, Iterable):
         raise TypeError("tools must be a list of tools")
     out: dict[str, Tool] = {}
+    sources: list[ToolSource] = []
     for entry in tools:
+        if isinstance(entry, ToolSource):
+            sources.append(entry)
+            continue
         if not isinstance(entry, Tool):
             hint = ""
             if callable(entry):
@@ -489,7 +509,7 @@ def _collect_tools(tools: Iterable[Any]) -> dict[str, Tool]:
         if entry.name in out:
             raise ValidationError(f"two tools are named {entry.name!r}", code="invalid_value")
         out[entry.name] = entry
-    return out
+    return out, tuple(sources)
 
 
 def _user_message(input: Any) -> dict[str, Any]:

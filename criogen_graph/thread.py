@@ -479,6 +479,7 @@ class Thread(Generic[Output]):
         agent = self.agent
         storage = agent.storage
         backend = await storage._ensure_open()
+        await agent._spec.ensure_tools()
         graph = agent._thread_graph(storage)
         cfg: RunnableConfig = {"configurable": {"thread_id": self.id}}
         hooks = agent._spec.hooks

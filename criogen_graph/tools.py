@@ -19,7 +19,7 @@ import pydantic
 
 from criogen_graph.errors import ToolError, ValidationError
 
-__all__ = ["Tool", "ToolContext", "ToolError", "tool"]
+__all__ = ["Tool", "ToolContext", "ToolError", "ToolSource", "tool"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _EMPTY_STATE: Mapping[str, Any] = MappingProxyType({})
@@ -134,6 +134,24 @@ class Tool:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+class ToolSource:
+    """Tools known only at run time (an MCP server lists its tools over a connection).
+
+    Put one in `Agent(tools=[...])`: `load_tools()` runs once, before the agent's first
+    model call, and its tools join the agent's. `aclose()` releases connections
+    (`agent.aclose()` calls it).
+    """
+
+    name: str = "tools"
+
+    async def load_tools(self) -> list[Tool]:
+        """Connect if needed and return the tools."""
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Release what `load_tools` opened."""
 
 
 class _JsonSchemaTool(Tool):

@@ -60,6 +60,8 @@ class ModelNode:
         self.spec = spec
 
     async def __call__(self, state: dict[str, Any], config: RunnableConfig) -> Any:
+        if not self.spec.loaded:
+            await self.spec.ensure_tools()  # a graph run without the API (Studio)
         writer = stream_writer(config)
         if writer is None:
             return (await self._run(state, None))[0]

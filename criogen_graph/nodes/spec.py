@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 from criogen_graph._output import OutputSpec
 from criogen_graph.adapters.models.base import Model
 from criogen_graph.approvals import Approval
+from criogen_graph.errors import ValidationError
 from criogen_graph.hooks import CompiledHooks
 from criogen_graph.options import Limits, Retry
-from criogen_graph.tools import Tool
+from criogen_graph.tools import Tool, ToolSource
 
 
 @dataclass(slots=True)
@@ -28,11 +30,47 @@ class AgentSpec:
     max_retry_after_secs: float = 60
     hooks: CompiledHooks = field(default_factory=CompiledHooks)
     name: str = "agent"
+    #: Tools known only at run time; loaded once by `ensure_tools()`.
+    sources: tuple[ToolSource, ...] = ()
     system_message: dict[str, Any] | None = field(init=False, default=None)
     tool_specs: list[dict[str, Any]] = field(init=False, default_factory=list)
+    loaded: bool = field(init=False, default=False)
+    _loading: asyncio.Lock | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.system_message = (
             {"role": "system", "content": self.instructions} if self.instructions else None
         )
         self.tool_specs = [t.spec() for t in self.tools.values()]
+        self.loaded = not self.sources
+
+    async def ensure_tools(self) -> None:
+        """Load the tools of the sources (once), and check the approval rules against
+        them. Cheap after the first call."""
+        if self.loaded:
+            return
+        if self._loading is None:
+            self._loading = asyncio.Lock()
+        async with self._loading:
+            if self.loaded:
+                return
+            tools = dict(self.tools)
+            for source in self.sources:
+                for t in await source.load_tools():
+                    if t.name in tools:
+                        raise ValidationError(
+                            f"{source.name} has a tool named {t.name!r}, like another tool of "
+                            "the agent; rename one",
+                            code="invalid_value",
+                        )
+                    tools[t.name] = t
+            unknown = [name for name in self.approvals if name not in tools]
+            if unknown:
+                raise ValidationError(
+                    f"approve names {unknown}, which are not among the agent's tools "
+                    f"{sorted(tools)}",
+                    code="unknown",
+                )
+            self.tools = tools
+            self.tool_specs = [t.spec() for t in tools.values()]
+            self.loaded = True

@@ -70,6 +70,8 @@ class ToolsNode:
         self.spec = spec
 
     async def __call__(self, payload: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        if not self.spec.loaded:
+            await self.spec.ensure_tools()  # e.g. a retry after a restart, in Studio
         writer = stream_writer(config)
         if writer is None:
             return {"messages": (await self.run_call(payload, config, None),)}
