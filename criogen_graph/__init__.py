@@ -8,6 +8,7 @@ from criogen_graph.adapters.models.base import Model, ModelRequest, ModelRespons
 from criogen_graph.adapters.models.fake import FakeModel, FakeReply, FunctionModel, RecordingModel
 from criogen_graph.agent import Agent, AgentTool
 from criogen_graph.approvals import Approval
+from criogen_graph.documents import CollectionTool
 from criogen_graph.env import load_env
 from criogen_graph.errors import (
     CancelledError,
@@ -29,6 +30,7 @@ from criogen_graph.hooks import (
     ToolCall,
     ToolResult,
 )
+from criogen_graph.memory import Memory, MemoryView
 from criogen_graph.options import Limits, Retry
 from criogen_graph.results import ApprovalRequest, Decision, Reply, RunResult
 from criogen_graph.storage import Storage
@@ -77,6 +79,7 @@ __all__ = [
     "ApprovalNeededEvent",
     "ApprovalRequest",
     "CancelledError",
+    "CollectionTool",
     "CriogenError",
     "Decision",
     "FakeModel",
@@ -89,6 +92,8 @@ __all__ = [
     "HookFailedError",
     "LimitExceededError",
     "Limits",
+    "Memory",
+    "MemoryView",
     "MessageEvent",
     "Model",
     "ModelError",

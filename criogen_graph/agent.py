@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from langgraph.graph.state import CompiledStateGraph
 
     from criogen_graph.adapters.models.base import Model
+    from criogen_graph.memory import MemoryView
     from criogen_graph.storage import Storage
     from criogen_graph.thread import Thread
 
@@ -118,7 +119,23 @@ class Agent(Generic[Output]):
             raise TypeError("max_retry_after_secs must be a number")
         if max_retry_after_secs < 0:
             raise ValidationError("max_retry_after_secs must be >= 0", code="invalid_value")
-        for option, value in (("memory", memory), ("telemetry", telemetry), ("redact", redact)):
+        if memory is not None:
+            from criogen_graph.memory import Memory
+
+            if not isinstance(memory, Memory):
+                raise TypeError(
+                    f"memory must be a Memory (Memory.by_state(key) or Memory.shared()), got "
+                    f"{memory!r}"
+                )
+            for t in memory.make_tools():
+                if t.name in tool_map:
+                    raise ValidationError(
+                        f"the agent has a tool named {t.name!r}, like a memory tool; rename it "
+                        "or pass Memory(..., tools=False)",
+                        code="invalid_value",
+                    )
+                tool_map[t.name] = t
+        for option, value in (("telemetry", telemetry), ("redact", redact)):
             if value is not None:
                 raise ValidationError(
                     f"{option}= is not available in this version of criogen_graph",
@@ -142,6 +159,7 @@ class Agent(Generic[Output]):
             hooks=compile_hooks(list(hooks) if not isinstance(hooks, Sequence) else hooks),
             name=name,
             sources=sources,
+            memory=memory,
         )
         if storage is None:
             storage = "memory://"
@@ -153,7 +171,8 @@ class Agent(Generic[Output]):
             raise TypeError(f"storage must be a Storage or a URL, got {storage!r}")
         self._storage: Storage = storage
         self._graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
-        self._thread_graphs: dict[int, tuple[Any, CompiledStateGraph[Any, Any, Any, Any]]] = {}
+        self._thread_graphs: dict[int, tuple[Any, Any, Any]] = {}
+        self._memory_graph_cache: tuple[Any, Any] | None = None
         lim = self._spec.limits
         # Each model call takes at most three supersteps (model, approval, tools).
         self._config: RunnableConfig = {"recursion_limit": 3 * lim.model_calls + 10}
@@ -170,17 +189,42 @@ class Agent(Generic[Output]):
             self._graph = build_graph(self._spec).compile(name=self.name)
         return self._graph
 
-    def _thread_graph(self, storage: Storage) -> CompiledStateGraph[Any, Any, Any, Any]:
-        """The graph compiled with the storage's checkpointer (once per checkpointer)."""
+    def _thread_graph(
+        self, storage: Storage, store: Any = None
+    ) -> CompiledStateGraph[Any, Any, Any, Any]:
+        """The graph compiled with the storage's checkpointer (and store, for memory),
+        once per checkpointer."""
         saver = storage.checkpointer
         cached = self._thread_graphs.get(id(storage))
-        if cached is not None and cached[0] is saver:
-            return cached[1]
+        if cached is not None and cached[0] is saver and cached[2] is store:
+            hit: CompiledStateGraph[Any, Any, Any, Any] = cached[1]
+            return hit
         from criogen_graph.graph import build_graph
 
-        graph = build_graph(self._spec).compile(checkpointer=saver, name=self.name)
-        self._thread_graphs[id(storage)] = (saver, graph)
+        graph = build_graph(self._spec).compile(checkpointer=saver, store=store, name=self.name)
+        self._thread_graphs[id(storage)] = (saver, graph, store)
         return graph
+
+    def _memory_graph(self, store: Any) -> CompiledStateGraph[Any, Any, Any, Any]:
+        """For `run()` with memory: no checkpointer, the storage's store."""
+        cached = self._memory_graph_cache
+        if cached is not None and cached[0] is store:
+            hit: CompiledStateGraph[Any, Any, Any, Any] = cached[1]
+            return hit
+        from criogen_graph.graph import build_graph
+
+        graph = build_graph(self._spec).compile(store=store, name=self.name)
+        self._memory_graph_cache = (store, graph)
+        return graph
+
+    @property
+    def memory(self) -> MemoryView | None:
+        """The agent's long-term memory, to read and change from code (None without one)."""
+        if self._spec.memory is None:
+            return None
+        from criogen_graph.memory import MemoryView
+
+        return MemoryView(self._spec.memory, self._storage)
 
     @property
     def storage(self) -> Storage:
@@ -220,7 +264,11 @@ class Agent(Generic[Output]):
         run_state = _check_state(state)
         run_id = uuid.uuid4().hex
         await self._spec.ensure_tools()
-        graph = self.graph
+        if self._spec.memory is not None:
+            self._spec.memory.pool(run_state)  # no model call without the scope key
+            graph = self._memory_graph(await self._storage.get_store())
+        else:
+            graph = self.graph
         hooks = self._spec.hooks
         hook_states: dict[str, Any] | None = None
         values: dict[str, Any] | None = None

@@ -118,6 +118,8 @@ class Storage:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opening: asyncio.Lock | None = None
         self._locks = LocalLocks()
+        self._store: Any = None
+        self._store_backend: Backend | None = None
 
     def _make_backend(self) -> Backend:
         if self.scheme == "memory":
@@ -212,6 +214,20 @@ class Storage:
         await self.close()
 
     # -- what users read -----------------------------------------------------------------
+
+    async def get_store(self) -> Any:
+        """The LangGraph store that keeps memory facts and collections (opened on first
+        use; values sealed with the `encryption_key` when there is one)."""
+        backend = await self._ensure_open()
+        if self._store is None or self._store_backend is not backend:
+            store = await backend.open_store()
+            if self._serde is not None:
+                from criogen_graph.adapters.storage.sealed import SealedStore
+
+                store = SealedStore(store, self._serde)
+            self._store = store
+            self._store_backend = backend
+        return self._store
 
     @property
     def checkpointer(self) -> BaseCheckpointSaver[Any]:

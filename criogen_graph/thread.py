@@ -144,7 +144,10 @@ class Thread(Generic[Output]):
         """
         from criogen_graph.agent import _check_state, _user_message
 
-        return await self._send(_user_message(input), _check_state(state), None)
+        run_state = _check_state(state)
+        if self.agent._spec.memory is not None:
+            self.agent._spec.memory.pool(run_state)  # no model call without the scope key
+        return await self._send(_user_message(input), run_state, None)
 
     def stream(self, input: str, *, state: Mapping[str, Any] | None = None) -> Stream[Output]:
         """`send`, streaming its events: `async for event in stream`, then
@@ -153,6 +156,8 @@ class Thread(Generic[Output]):
 
         user = _user_message(input)
         run_state = _check_state(state)
+        if self.agent._spec.memory is not None:
+            self.agent._spec.memory.pool(run_state)
         return Stream(lambda s: self._send(user, run_state, s))
 
     def stream_approve(self) -> Stream[Output]:
@@ -381,7 +386,8 @@ class Thread(Generic[Output]):
     async def _graph(self) -> tuple[Any, RunnableConfig]:
         storage = self.agent.storage
         await storage._ensure_open()
-        graph = self.agent._thread_graph(storage)
+        store = await storage.get_store() if self.agent._spec.memory is not None else None
+        graph = self.agent._thread_graph(storage, store)
         return graph, {"configurable": {"thread_id": self.id}}
 
     def _suspended_error(self) -> ThreadSuspendedError:
@@ -480,7 +486,8 @@ class Thread(Generic[Output]):
         storage = agent.storage
         backend = await storage._ensure_open()
         await agent._spec.ensure_tools()
-        graph = agent._thread_graph(storage)
+        store = await storage.get_store() if agent._spec.memory is not None else None
+        graph = agent._thread_graph(storage, store)
         cfg: RunnableConfig = {"configurable": {"thread_id": self.id}}
         hooks = agent._spec.hooks
         async with storage._hold(self.id):

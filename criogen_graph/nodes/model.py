@@ -14,7 +14,7 @@ from langgraph.config import get_stream_writer
 from langgraph.types import Command, Overwrite, Send
 
 from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
-from criogen_graph.errors import ModelError
+from criogen_graph.errors import ModelError, ValidationError
 from criogen_graph.hooks import HookAction, HookContext, HookFailedError, call_hook
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.nodes.state import add_usage, new_run, normalize_message, tool_ran
@@ -36,6 +36,19 @@ def stream_writer(config: RunnableConfig) -> Writer | None:
 def step_of(config: RunnableConfig) -> int | None:
     step = (config.get("metadata") or {}).get("langgraph_step")
     return int(step) if step is not None else None
+
+
+def _memory_store() -> Any:
+    from langgraph.config import get_store
+
+    store = get_store()
+    if store is None:
+        raise ValidationError(
+            "this agent has memory, but its graph runs without a LangGraph store: compile it "
+            "with store=... (the agent's own runs use its storage's store)",
+            code="invalid_value",
+        )
+    return store
 
 
 def not_run_messages(calls: list[dict[str, Any]], reason: str) -> list[dict[str, Any]]:
@@ -143,8 +156,13 @@ class ModelNode:
 
         system = spec.system_message
         msg_id = "msg_" + uuid.uuid4().hex
+        head = [system] if system is not None else []
+        if spec.memory is not None:
+            recalled = await spec.memory.recall_message(_memory_store(), user_state, transcript)
+            if recalled is not None:
+                head.append(recalled)
         request = ModelRequest(
-            [system, *transcript] if system is not None else transcript,
+            [*head, *transcript] if head else transcript,
             spec.tool_specs,
             spec.output.schema if spec.output is not None else None,
         )

@@ -221,6 +221,8 @@ class Backend:
     """A storage backend: a LangGraph checkpointer plus locks and the audit trail."""
 
     saver: BaseCheckpointSaver[Any]
+    #: The LangGraph store (memory facts, collections), once `open_store()` ran.
+    store: Any = None
     #: Cross-process lock hooks (None: in-process locks are enough).
     try_lock: Callable[[str], Awaitable[bool]] | None = None
     unlock: Callable[[str], Awaitable[None]] | None = None
@@ -229,6 +231,10 @@ class Backend:
         raise NotImplementedError
 
     async def close(self) -> None:
+        raise NotImplementedError
+
+    async def open_store(self) -> Any:
+        """Open (once) and return the backend's LangGraph store."""
         raise NotImplementedError
 
     async def write_audit(self, records: list[dict[str, Any]]) -> None:

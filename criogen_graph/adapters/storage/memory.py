@@ -75,6 +75,13 @@ class MemoryBackend(Backend):
     async def open(self) -> None:
         pass
 
+    async def open_store(self) -> Any:
+        if self.store is None:
+            from langgraph.store.memory import InMemoryStore
+
+            self.store = InMemoryStore()
+        return self.store
+
     async def close(self) -> None:
         pass
 

@@ -365,6 +365,20 @@ class PostgresBackend(Backend):
         self.try_lock = self._try_lock
         self.unlock = self._unlock
 
+    async def open_store(self) -> Any:
+        if self.store is None:
+            from langgraph.store.postgres.aio import AsyncPostgresStore
+
+            store = AsyncPostgresStore(self._pool)
+            async with self._lock_guard:
+                await self._lock_conn.execute("SELECT pg_advisory_lock(%s)", (_SETUP_KEY,))
+                try:
+                    await store.setup()
+                finally:
+                    await self._lock_conn.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_KEY,))
+            self.store = store
+        return self.store
+
     async def _lock_connection(self) -> Any:
         conn = self._lock_conn
         if conn is None or conn.closed or conn.broken:
@@ -389,6 +403,11 @@ class PostgresBackend(Backend):
             await conn.execute("SELECT pg_advisory_unlock(%s)", (lock_key(thread_id),))
 
     async def close(self) -> None:
+        if self.store is not None:
+            task = getattr(self.store, "_task", None)
+            if task is not None:
+                task.cancel()
+            self.store = None
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()

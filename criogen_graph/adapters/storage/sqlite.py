@@ -324,6 +324,7 @@ class SqliteBackend(Backend):
         self.path = parse_sqlite_url(url)
         self._serde = serde
         self._conn: aiosqlite.Connection | None = None
+        self._store_conn: aiosqlite.Connection | None = None
         self._files: FileLocks | None = None
         self.in_memory = self.path == ":memory:"
 
@@ -366,7 +367,30 @@ class SqliteBackend(Backend):
             self.try_lock = self._files.try_lock
             self.unlock = self._files.unlock
 
+    async def open_store(self) -> Any:
+        if self.store is None:
+            from langgraph.store.sqlite.aio import AsyncSqliteStore
+
+            # Its own connection (in autocommit mode: the store issues its own BEGIN), so
+            # the store's statements never interleave with the saver's.
+            conn = aiosqlite.connect(self.path, isolation_level=None)
+            conn._thread.daemon = True
+            await conn
+            store = AsyncSqliteStore(conn)
+            await store.setup()
+            self._store_conn = conn
+            self.store = store
+        return self.store
+
     async def close(self) -> None:
+        if self.store is not None:
+            task = getattr(self.store, "_task", None)
+            if task is not None:
+                task.cancel()
+            self.store = None
+            if self._store_conn is not None:
+                await self._store_conn.close()
+                self._store_conn = None
         if self._files is not None:
             self._files.close()
         saver = getattr(self, "saver", None)

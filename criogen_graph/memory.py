@@ -1,0 +1,366 @@
+"""Long-term memory: facts kept in the storage's LangGraph store, recalled before each
+model call, and tools for the model to remember, forget and search them."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from criogen_graph._search import bm25, cosine, embed_texts
+from criogen_graph.errors import ToolError, ValidationError
+from criogen_graph.tools import Tool, ToolArgumentsError, ToolContext
+
+if TYPE_CHECKING:
+    from criogen_graph.storage import Storage
+
+__all__ = ["Memory", "MemoryView"]
+
+_ROOT = ("criogen", "memory")
+
+
+class Memory:
+    """Facts an agent keeps between conversations, in its storage's LangGraph store.
+
+    `Memory.by_state(key)` keeps one pool of facts per value of `state[key]` (per user,
+    say): a run sees and changes only the pool of its own `state[key]`, and a run whose
+    state lacks the key fails with `ValidationError` before any model call.
+    `Memory.shared(namespace)` is one pool for every run.
+
+    Before each model call the `recall` most relevant facts (to the latest user message)
+    are given to the model in a system message, not saved in the transcript; if fewer
+    match, the most recent facts fill the rest. Relevance is keyword (BM25) ranking unless
+    `embed` is given: a function (sync or async) from a list of texts to their vectors,
+    for semantic (cosine) ranking. Unless `tools=False`, the model also gets the tools
+    `remember(fact)`, `forget(fact_id)` and `search_memory(query)`. A pool keeps at most
+    `max_facts` facts (the oldest go first).
+    """
+
+    def __init__(
+        self,
+        *,
+        key: str | None,
+        namespace: str,
+        recall: int = 5,
+        tools: bool = True,
+        embed: Callable[[list[str]], Any] | None = None,
+        max_facts: int = 1000,
+    ) -> None:
+        if key is not None and (not isinstance(key, str) or not key):
+            raise TypeError("Memory.by_state needs the name of a state key (a str)")
+        if not isinstance(namespace, str) or not namespace:
+            raise TypeError("a memory namespace must be a non-empty str")
+        if isinstance(recall, bool) or not isinstance(recall, int) or recall < 0:
+            raise ValidationError("recall must be an int >= 0", code="invalid_value")
+        if isinstance(max_facts, bool) or not isinstance(max_facts, int) or max_facts < 1:
+            raise ValidationError("max_facts must be an int >= 1", code="invalid_value")
+        if embed is not None and not callable(embed):
+            raise TypeError("embed must be a function from a list of texts to vectors")
+        self.key = key
+        self.namespace = namespace
+        self.recall = recall
+        self.tools_enabled = bool(tools)
+        self.embed = embed
+        self.max_facts = max_facts
+
+    @classmethod
+    def by_state(
+        cls,
+        key: str,
+        *,
+        namespace: str = "facts",
+        recall: int = 5,
+        tools: bool = True,
+        embed: Callable[[list[str]], Any] | None = None,
+        max_facts: int = 1000,
+    ) -> Memory:
+        """One pool of facts per value of `state[key]` (e.g. `Memory.by_state("user_id")`)."""
+        return cls(
+            key=key,
+            namespace=namespace,
+            recall=recall,
+            tools=tools,
+            embed=embed,
+            max_facts=max_facts,
+        )
+
+    @classmethod
+    def shared(
+        cls,
+        namespace: str = "shared",
+        *,
+        recall: int = 5,
+        tools: bool = True,
+        embed: Callable[[list[str]], Any] | None = None,
+        max_facts: int = 1000,
+    ) -> Memory:
+        """One pool of facts for every run of the agents that use it."""
+        return cls(
+            key=None,
+            namespace=namespace,
+            recall=recall,
+            tools=tools,
+            embed=embed,
+            max_facts=max_facts,
+        )
+
+    def __repr__(self) -> str:
+        scope = f"by_state({self.key!r})" if self.key else "shared"
+        return f"Memory.{scope} namespace={self.namespace!r}"
+
+    # -- scope ---------------------------------------------------------------------------
+
+    def pool(self, state: Mapping[str, Any] | None) -> tuple[str, ...]:
+        """The store namespace of the facts a run with `state` may see."""
+        if self.key is None:
+            return (*_ROOT, self.namespace, "shared")
+        value = (state or {}).get(self.key)
+        if value is None or value == "":
+            raise ValidationError(
+                f"this agent's memory is kept per state[{self.key!r}], and the run's state "
+                f"has no {self.key!r}: pass state={{{self.key!r}: ...}}",
+                code="missing",
+            )
+        if not isinstance(value, str | int):
+            raise ValidationError(
+                f"state[{self.key!r}] must be a str or an int to scope memory, got "
+                f"{type(value).__name__}",
+                code="invalid_type",
+            )
+        return (*_ROOT, self.namespace, "by", self.key, str(value))
+
+    # -- operations on one pool ----------------------------------------------------------
+
+    async def facts(self, store: Any, pool: tuple[str, ...]) -> list[dict[str, Any]]:
+        """Every fact of the pool, newest first: `{"id", "text", "created_ms", ...}`."""
+        items = await store.asearch(pool, limit=self.max_facts + 50)
+        out = [
+            {"id": i.key, **i.value}
+            for i in items
+            if i.namespace == pool and isinstance(i.value, dict) and "text" in i.value
+        ]
+        # Facts made in the same millisecond keep their order by the nanosecond stamp.
+        out.sort(
+            key=lambda f: f.get("created_ns", f.get("created_ms", 0) * 1_000_000), reverse=True
+        )
+        return out
+
+    async def remember(
+        self,
+        store: Any,
+        pool: tuple[str, ...],
+        text: str,
+        *,
+        source: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Save a fact; returns it (with its `id`)."""
+        text = text.strip()
+        if not text:
+            raise ValidationError("a fact must not be empty", code="invalid_value")
+        ns = time.time_ns()
+        fact: dict[str, Any] = {"text": text, "created_ms": ns // 1_000_000, "created_ns": ns}
+        if source:
+            fact["source"] = dict(source)
+        if self.embed is not None:
+            fact["embedding"] = (await embed_texts(self.embed, [text]))[0]
+        fact_id = "fact_" + uuid.uuid4().hex[:16]
+        await store.aput(pool, fact_id, fact, index=False)
+        existing = await self.facts(store, pool)
+        for old in existing[self.max_facts :]:
+            await store.adelete(pool, old["id"])
+        return {"id": fact_id, **fact}
+
+    async def forget(self, store: Any, pool: tuple[str, ...], fact_id: str) -> bool:
+        """Delete a fact of this pool; False when the pool has no such fact."""
+        if await store.aget(pool, fact_id) is None:
+            return False
+        await store.adelete(pool, fact_id)
+        return True
+
+    async def search(
+        self, store: Any, pool: tuple[str, ...], query: str, *, limit: int, fill: bool = False
+    ) -> list[dict[str, Any]]:
+        """The `limit` facts most relevant to `query` (with `fill`, the most recent ones
+        complete the list when fewer match)."""
+        facts = await self.facts(store, pool)
+        if not facts or limit <= 0:
+            return []
+        if self.embed is not None and all("embedding" in f for f in facts):
+            (q,) = await embed_texts(self.embed, [query])
+            scores = [cosine(q, f["embedding"]) for f in facts]
+        else:
+            scores = bm25(query, [f["text"] for f in facts])
+        ranked = sorted(zip(scores, range(len(facts)), strict=True), key=lambda p: (-p[0], p[1]))
+        chosen = [facts[i] for s, i in ranked if s > 0][:limit]
+        if fill and len(chosen) < limit:
+            ids = {f["id"] for f in chosen}
+            chosen += [f for f in facts if f["id"] not in ids][: limit - len(chosen)]
+        return [_public(f) for f in chosen]
+
+    async def recall_message(
+        self, store: Any, state: Mapping[str, Any], messages: list[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """The system message of recalled facts for a model call, or None."""
+        if self.recall <= 0:
+            return None
+        query = next(
+            (m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), ""
+        )
+        facts = await self.search(store, self.pool(state), str(query), limit=self.recall, fill=True)
+        if not facts:
+            return None
+        lines = "\n".join(f"- [{f['id']}] {f['text']}" for f in facts)
+        return {
+            "role": "system",
+            "content": "Facts from your long-term memory (ids in brackets; relevant ones "
+            f"first):\n{lines}",
+        }
+
+    def make_tools(self) -> list[Tool]:
+        """The memory tools the model gets (none with `tools=False`)."""
+        if not self.tools_enabled:
+            return []
+        return [_Remember(self), _Forget(self), _Search(self)]
+
+
+def _public(fact: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fact.items() if k not in ("embedding", "created_ns")}
+
+
+def _store_or_fail() -> Any:
+    from langgraph.config import get_store
+
+    store = get_store()
+    if store is None:
+        raise ToolError("long-term memory is not available in this run (no store)")
+    return store
+
+
+class _MemoryTool(Tool):
+    def __init__(self, memory: Memory, name: str, description: str, field: str, what: str) -> None:
+        super().__init__(
+            name,
+            description,
+            {
+                "type": "object",
+                "properties": {field: {"type": "string", "description": what}},
+                "required": [field],
+                "additionalProperties": False,
+            },
+        )
+        self.memory = memory
+        self.field = field
+
+    def validate(self, args: Mapping[str, Any]) -> Any:
+        value = args.get(self.field)
+        if set(args) != {self.field} or not isinstance(value, str) or not value.strip():
+            raise ToolArgumentsError(
+                f"takes exactly one argument, {self.field} (a non-empty string)"
+            )
+        return {self.field: value}
+
+
+class _Remember(_MemoryTool):
+    def __init__(self, memory: Memory) -> None:
+        super().__init__(
+            memory,
+            "remember",
+            "Save a fact to long-term memory so it can be recalled in later conversations "
+            "(for example a preference or a detail the user shared). One fact per call.",
+            "fact",
+            "The fact, as a short self-contained sentence.",
+        )
+
+    async def run(self, args: Any, ctx: ToolContext) -> Any:
+        store = _store_or_fail()
+        fact = await self.memory.remember(
+            store,
+            self.memory.pool(ctx.state),
+            args["fact"],
+            source={"run_id": ctx.run_id, "thread_id": ctx.thread_id},
+        )
+        return f"Remembered [{fact['id']}]: {fact['text']}"
+
+
+class _Forget(_MemoryTool):
+    def __init__(self, memory: Memory) -> None:
+        super().__init__(
+            memory,
+            "forget",
+            "Delete a fact from long-term memory, by the id shown in brackets.",
+            "fact_id",
+            "The id of the fact, e.g. fact_0123abcd.",
+        )
+
+    async def run(self, args: Any, ctx: ToolContext) -> Any:
+        store = _store_or_fail()
+        fact_id = args["fact_id"].strip().strip("[]")
+        if not await self.memory.forget(store, self.memory.pool(ctx.state), fact_id):
+            raise ToolError(f"there is no fact {fact_id} in memory")
+        return f"Forgot [{fact_id}]"
+
+
+class _Search(_MemoryTool):
+    def __init__(self, memory: Memory) -> None:
+        super().__init__(
+            memory,
+            "search_memory",
+            "Search long-term memory for facts about something.",
+            "query",
+            "What to look for.",
+        )
+        self.read_only = True
+
+    async def run(self, args: Any, ctx: ToolContext) -> Any:
+        store = _store_or_fail()
+        facts = await self.memory.search(
+            store, self.memory.pool(ctx.state), args["query"], limit=10
+        )
+        return [{"id": f["id"], "fact": f["text"]} for f in facts] or "No matching facts."
+
+
+class MemoryView:
+    """An agent's memory, to read and change from code: `agent.memory.remember(...)`.
+
+    Every method takes the run `state` that scopes the pool (for `Memory.by_state`)."""
+
+    def __init__(self, memory: Memory, storage: Storage) -> None:
+        self.memory = memory
+        self.storage = storage
+
+    async def _pool(self, state: Mapping[str, Any] | None) -> tuple[Any, tuple[str, ...]]:
+        return await self.storage.get_store(), self.memory.pool(state)
+
+    async def remember(
+        self, fact: str, *, state: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Save a fact; returns `{"id", "text", "created_ms"}`."""
+        store, pool = await self._pool(state)
+        saved = await self.memory.remember(store, pool, fact)
+        return _public(saved)
+
+    async def forget(self, fact_id: str, *, state: Mapping[str, Any] | None = None) -> bool:
+        """Delete a fact; False if the pool has no such fact."""
+        store, pool = await self._pool(state)
+        return await self.memory.forget(store, pool, fact_id)
+
+    async def search(
+        self, query: str, *, state: Mapping[str, Any] | None = None, limit: int = 5
+    ) -> list[dict[str, Any]]:
+        """The facts most relevant to `query`."""
+        store, pool = await self._pool(state)
+        return await self.memory.search(store, pool, query, limit=limit)
+
+    async def facts(self, *, state: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Every fact of the pool, newest first."""
+        store, pool = await self._pool(state)
+        return [_public(f) for f in await self.memory.facts(store, pool)]
+
+    async def clear(self, *, state: Mapping[str, Any] | None = None) -> int:
+        """Delete every fact of the pool; returns how many."""
+        store, pool = await self._pool(state)
+        facts = await self.memory.facts(store, pool)
+        for f in facts:
+            await store.adelete(pool, f["id"])
+        return len(facts)
