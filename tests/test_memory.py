@@ -223,11 +223,10 @@ async def test_facts_are_sealed_at_rest(tmp_path: Path) -> None:
 # -- collections ---------------------------------------------------------------------
 
 
-async def test_collection_tool(backend: str, tmp_path: Path) -> None:
+async def test_collection_tool(backend: str, tmp_path: Path, thread_id: str) -> None:
     url = storage_url(backend, tmp_path)
-    docs = CollectionTool(
-        "search_policies", storage=Storage(url), collection=f"policies-{tmp_path.name}"
-    )
+    name = f"policies-{thread_id}"  # tests share the PostgreSQL store
+    docs = CollectionTool("search_policies", storage=Storage(url), collection=name)
     assert docs.read_only and set(docs.spec()["parameters"]["properties"]) == {"query", "limit"}
     await docs.add(
         "refunds",
@@ -267,9 +266,7 @@ async def test_collection_tool(backend: str, tmp_path: Path) -> None:
     assert [r["id"] for r in await docs.search("shipping express")] == []
     # kept in the storage: a new tool on a new storage object of the same database sees them
     if backend != "memory":
-        again = CollectionTool(
-            "search_policies", storage=Storage(url), collection=f"policies-{tmp_path.name}"
-        )
+        again = CollectionTool("search_policies", storage=Storage(url), collection=name)
         assert await again.ids() == ["privacy", "refunds"]
         await again.storage.close()
     await docs.storage.close()
