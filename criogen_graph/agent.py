@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from langgraph.errors import GraphBubbleUp
+
 from criogen_graph._output import OutputSpec
 from criogen_graph.adapters.models import resolve_model
 from criogen_graph.approvals import Approval, compile_approvals
@@ -226,6 +228,23 @@ class Agent(Generic[Output]):
 
         return MemoryView(self._spec.memory, self._storage)
 
+    def _spec_named(self, name: str | None) -> AgentSpec:
+        """This agent's spec, or that of the agent named `name` among the agents it uses
+        as tools (at any depth): the one whose approval is pending."""
+        if name is None or name == self.name:
+            return self._spec
+        seen: set[int] = set()
+        stack = [t.agent for t in self._spec.tools.values() if isinstance(t, AgentTool)]
+        while stack:
+            agent = stack.pop()
+            if id(agent) in seen:
+                continue
+            seen.add(id(agent))
+            if agent.name == name:
+                return agent._spec
+            stack.extend(t.agent for t in agent._spec.tools.values() if isinstance(t, AgentTool))
+        return self._spec
+
     @property
     def storage(self) -> Storage:
         """The storage that keeps this agent's threads (in memory unless `storage=` says
@@ -293,6 +312,12 @@ class Agent(Generic[Output]):
             if isinstance(exc, CancelledError):
                 raise
             raise CancelledError("the run was cancelled") from exc
+        except GraphBubbleUp:
+            # Run as a tool of another agent (a subgraph of its run), this agent stopped
+            # for approval: the interrupt surfaces on the caller's thread.
+            if hooks.on_end:
+                await self._on_end(run_id, values, [user], run_state, "suspended")
+            raise
         except BaseException:
             if hooks.on_end:
                 await self._on_end(run_id, values, [user], run_state, "failed")

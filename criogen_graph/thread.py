@@ -405,6 +405,14 @@ class Thread(Generic[Output]):
                 out.extend((intr.id, r) for r in value["requests"])
         return out
 
+    @staticmethod
+    def _asking_agent(snap: Any) -> str | None:
+        for intr in snap.interrupts:
+            value = intr.value
+            if isinstance(value, Mapping) and value.get("type") == APPROVAL_INTERRUPT:
+                return value.get("agent")
+        return None
+
     async def _suspended(self, graph: Any, cfg: RunnableConfig) -> bool:
         snap = await graph.aget_state(cfg)
         return bool(self._requests(snap))
@@ -450,7 +458,8 @@ class Thread(Generic[Output]):
                 )
             interrupt_id = pending[0][0]
             requests = [r for _, r in pending]
-            decisions = check_decisions(make(requests), requests, self.agent._spec)
+            asker = self.agent._spec_named(self._asking_agent(snap))
+            decisions = check_decisions(make(requests), requests, asker)
             run_id = head.run.get("run_id") or uuid.uuid4().hex
             by_id = {r["call_id"]: r for r in requests}
             details = {

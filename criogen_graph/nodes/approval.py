@@ -88,7 +88,12 @@ class ApprovalNode:
 
     async def __call__(self, payload: dict[str, Any]) -> Command[Any]:
         requests: list[dict[str, Any]] = payload["requests"]
-        question: dict[str, Any] = {"type": APPROVAL_INTERRUPT, "requests": requests}
+        # `agent` names who asks: an agent used as a tool asks on its caller's thread.
+        question: dict[str, Any] = {
+            "type": APPROVAL_INTERRUPT,
+            "agent": self.spec.name,
+            "requests": requests,
+        }
         answer = interrupt(question)
         while True:
             try:

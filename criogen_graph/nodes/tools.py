@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
+from langgraph.errors import GraphBubbleUp
 from pydantic_core import to_jsonable_python
 
 from criogen_graph.errors import LimitExceededError, ToolError, ToolExecutionError
@@ -179,7 +180,7 @@ class ToolsNode:
                     )
             except ToolError as exc:
                 return done(f"Error: {exc.message}", "error", error_kind="hook")
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, GraphBubbleUp):
                 raise
             except Exception as exc:
                 return self._failed(exc, tc, done, error_kind="hook")
@@ -224,7 +225,7 @@ class ToolsNode:
                 return done(
                     f"Error: the tool {tc.name} timed out after {exc.seconds:g} s.", "timeout"
                 )
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, GraphBubbleUp):
                 raise
             except LimitExceededError as exc:
                 if exc.limit == "agent_depth":
@@ -246,7 +247,7 @@ class ToolsNode:
                         changed_by.append(hname)
             except ToolError as exc:
                 return done(f"Error: {exc.message}", "error")
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, GraphBubbleUp):
                 raise
             except Exception as exc:
                 return self._failed(exc, tc, done)
@@ -268,7 +269,9 @@ class ToolsNode:
             try:
                 async with asyncio.timeout(timeout) as deadline:
                     return await tool.run(args, ctx)
-            except ToolError:
+            except (ToolError, GraphBubbleUp):
+                # An agent used as a tool that stops for approval interrupts this call;
+                # LangGraph resumes it (from its own checkpoints) when the parent resumes.
                 raise
             except TimeoutError:
                 if not deadline.expired():
