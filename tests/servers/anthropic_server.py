@@ -16,12 +16,11 @@ body, headers and path are recorded.
 from __future__ import annotations
 
 import json
-import socket
-import threading
-from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
+
+from tests.servers.base import LoopbackHandler, RecordingServer, sse
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -139,107 +138,57 @@ def stream_error(error_type: str, message: str = "error", *, text: str = "") -> 
     )
 
 
-class AnthropicServer:
+class AnthropicServer(RecordingServer[Step]):
     """Start with `with AnthropicServer() as srv:`; point a client at `srv.base_url` (no
     `/v1`, like `ANTHROPIC_BASE_URL`)."""
 
     def __init__(self) -> None:
-        self.script: deque[Step] = deque()
-        self.requests: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-        self.paths: list[str] = []
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._counter = 0
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
+        class Handler(LoopbackHandler):
+            body_headers: ClassVar[Mapping[str, str]] = {"request-id": "req_test"}
+            stream_headers: ClassVar[Mapping[str, str]] = {"cache-control": "no-cache"}
 
             def do_POST(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
-                with server._lock:
-                    server.requests.append(body)
-                    server.headers.append({k.lower(): v for k, v in self.headers.items()})
-                    server.paths.append(self.path)
-                    step = server.script.popleft() if server.script else None
-                    server._counter += 1
-                    n = server._counter
+                # A client that gives up (a timeout test): LoopbackHandler.handle ignores it.
+                body, step, n = server.take(self)
                 if self.path != "/v1/messages":
-                    self._json(404, error(404, f"no route {self.path}").body or {})
+                    self.send_json(404, error(404, f"no route {self.path}").body or {})
                     return
                 if step is None:
-                    self._json(500, error(500, "the test server's script is empty").body or {})
+                    self.send_json(500, error(500, "the test server's script is empty").body or {})
                     return
-                try:
-                    self._answer(step, n, body)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (a timeout test)
+                self._answer(step, n, body)
 
             def _answer(self, step: Step, n: int, body: dict[str, Any]) -> None:
                 if step.kind == "slow":
-                    server._stopping.wait(step.delay_secs)
+                    server.release.wait(step.delay_secs)
                     assert step.then is not None
                     step = step.then
                 streamed = bool(body.get("stream"))
                 if step.kind == "error" or (step.kind == "stream_error" and not streamed):
-                    self._json(step.status, step.body or {}, step.headers)
+                    self.send_json(step.status, step.body or {}, step.headers)
                 elif step.kind == "malformed" and not streamed:
-                    self._raw(200, step.text.encode())
+                    self.send_raw(200, step.text.encode())
                 elif step.kind == "dropped" and not streamed:
                     data = json.dumps(server.message(step, n, body)).encode()
+                    # Promises the whole body (without `request-id`), sends half of it.
                     self.send_response(200)
                     self.send_header("content-type", "application/json")
                     self.send_header("content-length", str(len(data)))
                     self.end_headers()
                     self.wfile.write(data[: len(data) // 2])
-                    self._drop()
+                    self.drop()
                 elif streamed:
                     self._stream(step, n, body)
                 else:
-                    self._json(200, server.message(step, n, body))
-
-            def _raw(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.send_header("request-id", "req_test")
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _json(
-                self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None
-            ) -> None:
-                self._raw(status, json.dumps(payload).encode(), headers)
-
-            def _drop(self) -> None:
-                self.wfile.flush()
-                self.connection.shutdown(socket.SHUT_RDWR)
-                self.close_connection = True
+                    self.send_json(200, server.message(step, n, body))
 
             def _stream(self, step: Step, n: int, body: dict[str, Any]) -> None:
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("cache-control", "no-cache")
-                self.send_header("transfer-encoding", "chunked")
-                self.end_headers()
-
-                def chunk(data: bytes) -> None:
-                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-                    self.wfile.flush()
-
-                def end() -> None:
-                    self.wfile.write(b"0\r\n\r\n")
-                    self.wfile.flush()
+                self.start_stream()
 
                 def send(event: dict[str, Any]) -> None:
-                    chunk(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+                    self.chunk(sse(json.dumps(event), event=event["type"]))
 
                 usage = step.usage
                 start = server.message(step, n, body)
@@ -247,8 +196,8 @@ class AnthropicServer:
                 start["usage"] = {**server.usage(step), "output_tokens": 1}
                 send({"type": "message_start", "message": start})
                 if step.kind == "malformed":
-                    chunk(f"event: content_block_start\ndata: {step.text}\n\n".encode())
-                    end()
+                    self.chunk(sse(step.text, event="content_block_start"))
+                    self.end_stream()
                     return
                 index = 0
                 if step.text or not step.calls:
@@ -272,14 +221,14 @@ class AnthropicServer:
                             }
                         )
                     if step.kind == "dropped":
-                        self._drop()
+                        self.drop()
                         return
                     if step.kind == "truncated":
-                        end()
+                        self.end_stream()
                         return
                     if step.kind == "stream_error":
                         send(step.body or {})
-                        end()
+                        self.end_stream()
                         return
                     send({"type": "content_block_stop", "index": 0})
                     index = 1
@@ -318,16 +267,9 @@ class AnthropicServer:
                     }
                 )
                 send({"type": "message_stop"})
-                end()
+                self.end_stream()
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self.port = self._httpd.server_address[1]
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        # A short poll interval: shutdown() waits up to one interval.
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        super().__init__(Handler)
 
     @staticmethod
     def usage(step: Step) -> dict[str, Any]:
@@ -362,17 +304,3 @@ class AnthropicServer:
             "stop_sequence": None,
             "usage": self.usage(step),
         }
-
-    def add(self, *steps: Step) -> AnthropicServer:
-        with self._lock:
-            self.script.extend(steps)
-        return self
-
-    def __enter__(self) -> AnthropicServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stopping.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()

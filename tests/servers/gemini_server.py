@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import urllib.parse
 import uuid
-from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.servers.base import LoopbackHandler, LoopbackServer, sse
 
 STATUS_NAMES = {
     400: "INVALID_ARGUMENT",
@@ -204,32 +203,19 @@ class Request:
     raw_path: str  # as sent, with the query string
 
 
-class GeminiServer:
+class GeminiServer(LoopbackServer[Step]):
     """Start with `with GeminiServer() as srv:`; point a client at `srv.base_url`."""
 
     def __init__(self, *, require_key: bool = True) -> None:
-        self.script: deque[Step] = deque()
         self.requests: list[Request] = []
-        self.release = threading.Event()
         self.require_key = require_key
-        self._lock = threading.Lock()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def handle(self) -> None:
-                try:
-                    super().handle()
-                except OSError:
-                    pass  # the client went away (a timeout, a dropped stream)
+        class Handler(LoopbackHandler):
+            content_type = "application/json; charset=UTF-8"
 
             def do_POST(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                raw = self.rfile.read(length)
+                raw = self.read_body()
                 split = urllib.parse.urlsplit(self.path)
                 query = urllib.parse.parse_qs(split.query)
                 try:
@@ -242,7 +228,7 @@ class GeminiServer:
                             split.path,
                             query,
                             body if isinstance(body, dict) else {},
-                            {k.lower(): v for k, v in self.headers.items()},
+                            self.header_dict(),
                             self.path,
                         )
                     )
@@ -268,8 +254,7 @@ class GeminiServer:
                 if problem is not None:
                     self._error(400, problem, "INVALID_ARGUMENT")
                     return
-                with server._lock:
-                    step = server.script.popleft() if server.script else None
+                step = server.next_step()
                 if step is None:
                     self._error(500, "the test server's script is empty", "INTERNAL")
                     return
@@ -278,93 +263,46 @@ class GeminiServer:
                 model = match.group(2)
                 streamed = match.group(3) == "streamGenerateContent"
                 if step.kind == "error":
-                    self._json(step.status, step.body, step.headers)
+                    self.send_json(step.status, step.body, step.headers)
                 elif step.kind == "malformed":
                     if streamed and query.get("alt") == ["sse"]:
                         self._sse([b'data: {"candidates": [{"content": {"parts": [\r\n\r\n'], None)
                     else:
-                        self._send(200, b'{"candidates": [{"content": ', "application/json")
+                        self.send_raw(200, b'{"candidates": [{"content": ')
                 elif not streamed:
-                    self._json(200, whole(events(step, model)))
+                    self.send_json(200, whole(events(step, model)))
                 elif query.get("alt") == ["sse"]:
-                    frames = [
-                        f"data: {json.dumps(e)}\r\n\r\n".encode() for e in events(step, model)
-                    ]
+                    frames = [sse(json.dumps(e), newline="\r\n") for e in events(step, model)]
                     if step.drop_after is not None and step.stream_error is not None:
-                        error_frame = f"data: {json.dumps(step.stream_error)}\r\n\r\n".encode()
+                        error_frame = sse(json.dumps(step.stream_error), newline="\r\n")
                         self._sse([*frames[: step.drop_after], error_frame], None)
                     elif step.drop_after is not None and step.drop_cleanly:
                         self._sse(frames[: step.drop_after], None)
                     else:
                         self._sse(frames, step.drop_after)
                 else:
-                    self._json(200, events(step, model))
+                    self.send_json(200, events(step, model))
 
             def _error(self, status: int, message: str, name: str) -> None:
-                self._json(status, {"error": {"code": status, "message": message, "status": name}})
-
-            def _json(
-                self, status: int, payload: Any, headers: dict[str, str] | None = None
-            ) -> None:
-                self._send(status, json.dumps(payload).encode(), "application/json", headers)
-
-            def _send(
-                self,
-                status: int,
-                data: bytes,
-                content_type: str,
-                headers: dict[str, str] | None = None,
-            ) -> None:
-                self.send_response(status)
-                self.send_header("content-type", f"{content_type}; charset=UTF-8")
-                self.send_header("content-length", str(len(data)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
+                self.send_json(
+                    status, {"error": {"code": status, "message": message, "status": name}}
+                )
 
             def _sse(self, frames: list[bytes], drop_after: int | None) -> None:
-                """Chunked event stream; with `drop_after`, the socket closes after that
-                many frames without the terminating chunk (a body cut short)."""
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("transfer-encoding", "chunked")
-                self.end_headers()
+                """Chunked event stream; with `drop_after`, the connection closes after
+                that many frames without the terminating chunk (a body cut short)."""
+                self.start_stream()
                 for i, frame in enumerate(frames):
                     if drop_after is not None and i >= drop_after:
-                        self.wfile.flush()
-                        self.close_connection = True
+                        self.drop()
                         return
-                    self.wfile.write(f"{len(frame):x}\r\n".encode() + frame + b"\r\n")
-                    self.wfile.flush()
-                self.wfile.write(b"0\r\n\r\n")
-                self.wfile.flush()
+                    self.chunk(frame)
+                self.end_stream()
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self.port = self._httpd.server_address[1]
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        # A short poll interval keeps shutdown (once per test) quick.
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
-
-    def add(self, *steps: Step) -> GeminiServer:
-        with self._lock:
-            self.script.extend(steps)
-        return self
+        super().__init__(Handler)
 
     def bodies(self) -> list[dict[str, Any]]:
         return [r.body for r in self.requests]
-
-    def __enter__(self) -> GeminiServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
 
 
 # -- responses -----------------------------------------------------------------------------

@@ -9,12 +9,11 @@ stream part-way (`drop_after`). Every request body, path and headers are recorde
 from __future__ import annotations
 
 import json
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.servers.base import LoopbackHandler, RecordingServer, sse
 
 
 @dataclass
@@ -68,75 +67,38 @@ def _args(args: Any) -> str:
     return args if isinstance(args, str) else json.dumps(args)
 
 
-class OpenAIServer:
+class OpenAIServer(RecordingServer[Step]):
     """Start with `with OpenAIServer() as srv:`; point a client at `srv.base_url`."""
 
+    base_path = "/v1"
+
     def __init__(self) -> None:
-        self.script: deque[Step] = deque()
-        self.requests: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-        self.paths: list[str] = []
-        self.release = threading.Event()
-        self._lock = threading.Lock()
-        self._counter = 0
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(LoopbackHandler):
             def do_POST(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
-                with server._lock:
-                    server.requests.append(body)
-                    server.paths.append(self.path)
-                    server.headers.append({k.lower(): v for k, v in self.headers.items()})
-                    step = server.script.popleft() if server.script else None
-                    server._counter += 1
-                    n = server._counter
+                body, step, n = server.take(self)
                 if step is None:
-                    self._send(500, {"error": {"message": "the test server's script is empty"}})
+                    self.send_json(500, {"error": {"message": "the test server's script is empty"}})
                     return
                 if step.delay:
                     server.release.wait(step.delay)
                 if step.kind == "error":
-                    self._send(step.status, step.body or {}, step.headers)
+                    self.send_json(step.status, step.body or {}, step.headers)
                 elif step.kind == "malformed":
-                    self._raw(200, b'{"id": "chatcmpl-x", "choices": [{"message": ')
+                    self.send_raw(200, b'{"id": "chatcmpl-x", "choices": [{"message": ')
                 elif body.get("stream"):
                     self._stream(step, n, body)
                 else:
-                    self._send(200, server.completion(step, n, body))
-
-            def _raw(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _send(
-                self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None
-            ) -> None:
-                self._raw(status, json.dumps(payload).encode(), headers)
+                    self.send_json(200, server.completion(step, n, body))
 
             def _stream(self, step: Step, n: int, body: dict[str, Any]) -> None:
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("transfer-encoding", "chunked")
-                self.end_headers()
+                self.start_stream()
 
                 def send(data: str) -> None:
-                    raw = f"data: {data}\n\n".encode()
-                    self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
-                    self.wfile.flush()
+                    self.chunk(sse(data))
 
-                def chunk(delta: dict[str, Any], finish: str | None = None) -> None:
+                def event(**fields: Any) -> None:
                     send(
                         json.dumps(
                             {
@@ -144,16 +106,19 @@ class OpenAIServer:
                                 "object": "chat.completion.chunk",
                                 "created": int(time.time()),
                                 "model": body.get("model", "m"),
-                                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                                **fields,
                             }
                         )
                     )
+
+                def chunk(delta: dict[str, Any], finish: str | None = None) -> None:
+                    event(choices=[{"index": 0, "delta": delta, "finish_reason": finish}])
 
                 chunk({"role": "assistant", "content": ""})
                 for k, i in enumerate(range(0, len(step.text), 8)):
                     if step.drop_after is not None and k >= step.drop_after:
                         # Cut the connection mid-stream, without the last chunk.
-                        self.connection.shutdown(2)
+                        self.drop()
                         return
                     chunk({"content": step.text[i : i + 8]})
                 if step.refusal:
@@ -167,29 +132,11 @@ class OpenAIServer:
                         chunk({"tool_calls": [piece]})
                 chunk({}, step.finish_reason or ("tool_calls" if step.calls else "stop"))
                 if (body.get("stream_options") or {}).get("include_usage"):
-                    send(
-                        json.dumps(
-                            {
-                                "id": f"chatcmpl-{n}",
-                                "object": "chat.completion.chunk",
-                                "created": int(time.time()),
-                                "model": body.get("model", "m"),
-                                "choices": [],
-                                "usage": server.usage(step),
-                            }
-                        )
-                    )
+                    event(choices=[], usage=server.usage(step))
                 send("[DONE]")
-                self.wfile.write(b"0\r\n\r\n")
-                self.wfile.flush()
+                self.end_stream()
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self.port = self._httpd.server_address[1]
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        super().__init__(Handler)
 
     @staticmethod
     def usage(step: Step) -> dict[str, Any]:
@@ -229,17 +176,3 @@ class OpenAIServer:
             ],
             "usage": self.usage(step),
         }
-
-    def add(self, *steps: Step) -> OpenAIServer:
-        with self._lock:
-            self.script.extend(steps)
-        return self
-
-    def __enter__(self) -> OpenAIServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
