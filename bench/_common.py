@@ -3,12 +3,15 @@ the scripted LangChain chat model + `echo` tool the baselines use."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import platform
+import socket
+import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from importlib.metadata import version
 from typing import Any
 
@@ -96,7 +99,7 @@ def lc_echo() -> Any:
     return echo
 
 
-def our_agent(storage: Any = None) -> Any:
+def our_agent(storage: Any = None, **options: Any) -> Any:
     """Our agent doing the same job: a call to `echo`, then "done"."""
     from criogen_graph import Agent, FakeReply, FunctionModel, tool
 
@@ -113,4 +116,27 @@ def our_agent(storage: Any = None) -> Any:
             return FakeReply.tool_call("echo", {"text": "hi"}, id=f"call_{state['i']}")
         return "done"
 
-    return Agent(FunctionModel(script), tools=[echo], storage=storage)
+    return Agent(FunctionModel(script), tools=[echo], storage=storage, **options)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def loopback_server() -> Iterator[str]:
+    """bench/loopback.py in its own process; yields its base URL."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, os.path.join(os.path.dirname(__file__), "loopback.py"), str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait()

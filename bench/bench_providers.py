@@ -14,22 +14,14 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import interleaved, machine
+from _common import interleaved, loopback_server, machine
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def run(args: argparse.Namespace, base_url: str) -> dict[str, float]:
@@ -94,18 +86,8 @@ def main() -> None:
         "# machine:",
         json.dumps({**machine(), "openai": version("openai"), "httpx": version("httpx")}),
     )
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, os.path.join(os.path.dirname(__file__), "loopback.py"), str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-        per = asyncio.run(run(args, f"http://127.0.0.1:{port}/v1"))
-    finally:
-        server.terminate()
-        server.wait()
+    with loopback_server() as base:
+        per = asyncio.run(run(args, f"{base}/v1"))
     print(f"\n{'one call to the loopback server':34s} {'median ms':>10s}")
     for k, v in per.items():
         print(f"{k:34s} {v:10.3f}")

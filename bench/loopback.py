@@ -1,5 +1,6 @@
 """A minimal, fast HTTP/1.1 server for benchmarks: canned OpenAI Chat Completions answers
-(JSON, or SSE when the request asks to stream), keep-alive, run in its own process so the
+(JSON, or SSE when the request asks to stream), and an OTLP/HTTP trace sink on
+`/v1/traces` (accepts and drops the spans); keep-alive, run in its own process so the
 client under test has a core to itself. `python bench/loopback.py PORT`."""
 
 from __future__ import annotations
@@ -71,6 +72,14 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
                 if line[:15].lower() == b"content-length:":
                     length = int(line[15:])
             body = await reader.readexactly(length) if length else b""
+            if head.startswith(b"POST /v1/traces "):
+                # An empty ExportTraceServiceResponse: everything was accepted.
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\n"
+                    b"content-length: 0\r\n\r\n"
+                )
+                await writer.drain()
+                continue
             stream = b'"stream": true' in body or b'"stream":true' in body
             payload, kind = (SSE, b"text/event-stream") if stream else (JSON, b"application/json")
             writer.write(

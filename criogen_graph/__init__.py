@@ -32,6 +32,7 @@ from criogen_graph.hooks import (
 )
 from criogen_graph.memory import Memory, MemoryView
 from criogen_graph.options import Limits, Retry
+from criogen_graph.redact import Redactor
 from criogen_graph.results import ApprovalRequest, Decision, Reply, RunResult
 from criogen_graph.storage import Storage
 from criogen_graph.stream import (
@@ -44,6 +45,7 @@ from criogen_graph.stream import (
     ToolCallFinishedEvent,
     ToolCallStartedEvent,
 )
+from criogen_graph.telemetry import Telemetry
 from criogen_graph.thread import Thread
 from criogen_graph.tools import Tool, ToolContext, ToolSource, tool
 
@@ -102,6 +104,7 @@ __all__ = [
     "OpenAIModel",
     "OtherEvent",
     "RecordingModel",
+    "Redactor",
     "Reply",
     "Retry",
     "RunResult",
@@ -109,6 +112,7 @@ __all__ = [
     "StorageError",
     "Stream",
     "StreamEvent",
+    "Telemetry",
     "TextEvent",
     "Thread",
     "ThreadBusyError",

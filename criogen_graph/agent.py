@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from langgraph.errors import GraphBubbleUp
 
+from criogen_graph._observe import observe, run_redactor
 from criogen_graph._output import OutputSpec
 from criogen_graph.adapters.models import resolve_model
 from criogen_graph.approvals import Approval, compile_approvals
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
     from criogen_graph.adapters.models.base import Model
     from criogen_graph.memory import MemoryView
+    from criogen_graph.redact import Redactor
     from criogen_graph.storage import Storage
     from criogen_graph.thread import Thread
 
@@ -137,12 +139,16 @@ class Agent(Generic[Output]):
                         code="invalid_value",
                     )
                 tool_map[t.name] = t
-        for option, value in (("telemetry", telemetry), ("redact", redact)):
-            if value is not None:
-                raise ValidationError(
-                    f"{option}= is not available in this version of criogen_graph",
-                    code="unsupported",
-                )
+        from criogen_graph.redact import Redactor
+        from criogen_graph.telemetry import Spans, Telemetry
+
+        if redact is not None and not isinstance(redact, Redactor):
+            raise TypeError(f"redact must be a Redactor (e.g. Redactor.pii()), got {redact!r}")
+        if telemetry is not None and not isinstance(telemetry, Telemetry):
+            raise TypeError(
+                f"telemetry must be a Telemetry (Telemetry.otlp(url) or Telemetry.langfuse()), "
+                f"got {telemetry!r}"
+            )
         if not isinstance(name, str) or not name:
             raise TypeError("name must be a non-empty str")
         self.name = name
@@ -162,6 +168,8 @@ class Agent(Generic[Output]):
             name=name,
             sources=sources,
             memory=memory,
+            spans=Spans(telemetry, redact) if telemetry is not None else None,
+            redact=redact,
         )
         if storage is None:
             storage = "memory://"
@@ -279,9 +287,19 @@ class Agent(Generic[Output]):
         when the awaiting task is cancelled.
         """
         started = time.perf_counter()
-        user = _user_message(input)
+        _user_message(input)  # a bad input fails before anything is observed
         run_state = _check_state(state)
         run_id = uuid.uuid4().hex
+        with observe(self._spec, action="run", run_id=run_id) as segment:
+            user = _user_message(input, run_redactor(self._spec))
+            result = await self._run(user, run_state, run_id, started)
+            segment.done(result)
+        self._raise_for_limit(result)
+        return result
+
+    async def _run(
+        self, user: dict[str, Any], run_state: dict[str, Any], run_id: str, started: float
+    ) -> RunResult[Output]:
         await self._spec.ensure_tools()
         if self._spec.memory is not None:
             self._spec.memory.pool(run_state)  # no model call without the scope key
@@ -331,7 +349,6 @@ class Agent(Generic[Output]):
                 else "completed"
             )
             await self._on_end(run_id, values, [user], run_state, outcome)
-        self._raise_for_limit(values, result)
         return result
 
     async def aclose(self) -> None:
@@ -388,7 +405,7 @@ class Agent(Generic[Output]):
         elif stop == "return_direct":
             text = run.get("output")
             output = text
-        return cls(
+        result = cls(
             text=text,
             output=output,
             messages=messages,
@@ -404,12 +421,15 @@ class Agent(Generic[Output]):
             models=list(run.get("models") or ()),
             **extra,
         )
+        if stop == "limit":
+            result.limit = run.get("error") or {}
+        return result
 
     @staticmethod
-    def _raise_for_limit(values: dict[str, Any] | None, result: RunResult[Any]) -> None:
-        if result.stop_reason != "limit" or values is None:
+    def _raise_for_limit(result: RunResult[Any]) -> None:
+        if result.stop_reason != "limit":
             return
-        err = (values.get("run") or {}).get("error") or {}
+        err = result.limit or {}
         limit = err.get("limit", "limit")
         value = err.get("value", 0)
         raise LimitExceededError(
@@ -585,10 +605,10 @@ def _collect_tools(tools: Iterable[Any]) -> tuple[dict[str, Tool], tuple[ToolSou
     return out, tuple(sources)
 
 
-def _user_message(input: Any) -> dict[str, Any]:
+def _user_message(input: Any, redactor: Redactor | None = None) -> dict[str, Any]:
     if not isinstance(input, str):
         raise TypeError(f"input must be a str (the user's message), got {type(input).__name__}")
-    return {"role": "user", "content": input}
+    return {"role": "user", "content": redactor.redact(input) if redactor is not None else input}
 
 
 def _check_state(state: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -170,6 +170,8 @@ class RunResult(Generic[Output]):
     duration_ms: float
     answered_by: dict[str, str] | None = None
     models: list[dict[str, str]] = field(default_factory=list)
+    #: Which limit was reached, when `stop_reason == "limit"` (`{"limit", "value"}`).
+    limit: dict[str, Any] | None = field(default=None, repr=False)
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from langgraph.types import Command
 
+from criogen_graph._observe import observe
 from criogen_graph.adapters.storage.base import SEGMENT, Segment, record
 from criogen_graph.errors import (
     CancelledError,
@@ -20,6 +21,7 @@ from criogen_graph.errors import (
 from criogen_graph.nodes.approval import APPROVAL_INTERRUPT, check_decisions
 from criogen_graph.nodes.model import STREAM_FLAG, not_run_messages
 from criogen_graph.nodes.state import new_run
+from criogen_graph.redact import CURRENT, effective
 from criogen_graph.results import ApprovalRequest, Decision, Reply
 from criogen_graph.stream import ApprovalNeededEvent, MessageEvent, Stream, to_event
 
@@ -147,14 +149,16 @@ class Thread(Generic[Output]):
         run_state = _check_state(state)
         if self.agent._spec.memory is not None:
             self.agent._spec.memory.pool(run_state)  # no model call without the scope key
-        return await self._send(_user_message(input), run_state, None)
+        return await self._send(
+            _user_message(input, effective(self.agent._spec.redact)), run_state, None
+        )
 
     def stream(self, input: str, *, state: Mapping[str, Any] | None = None) -> Stream[Output]:
         """`send`, streaming its events: `async for event in stream`, then
         `await stream.reply()`. Cancel with `stream.cancel()` or by leaving the loop."""
         from criogen_graph.agent import _check_state, _user_message
 
-        user = _user_message(input)
+        user = _user_message(input, effective(self.agent._spec.redact))
         run_state = _check_state(state)
         if self.agent._spec.memory is not None:
             self.agent._spec.memory.pool(run_state)
@@ -490,6 +494,25 @@ class Thread(Generic[Output]):
         resume: bool = False,
         stream: Stream[Output] | None = None,
     ) -> Reply[Output]:
+        own = self.agent._spec.redact
+        if own is None:
+            return await self._run_segment(action, prepare, run_state, new_messages, stream)
+        # The policy holds for the whole segment, hooks and audit records included, so
+        # the library's log records from any part of it are redacted.
+        token = CURRENT.set(effective(own))
+        try:
+            return await self._run_segment(action, prepare, run_state, new_messages, stream)
+        finally:
+            CURRENT.reset(token)
+
+    async def _run_segment(
+        self,
+        action: str,
+        prepare: Any,
+        run_state: dict[str, Any] | None,
+        new_messages: list[dict[str, Any]] | None,
+        stream: Stream[Output] | None,
+    ) -> Reply[Output]:
         started = time.perf_counter()
         agent = self.agent
         storage = agent.storage
@@ -504,64 +527,55 @@ class Thread(Generic[Output]):
             head = _Head(tup)
             inp, run_id, details = await prepare(head, graph, cfg)
             seg = Segment(self.id, run_id, self.actor, head=tup, head_cached=not hooks.on_start)
-            seg.audit.append(record(action, self.id, run_id=run_id, actor=self.actor, **details))
+            redactor = CURRENT.get()
+            audited = redactor.redact_value(details) if redactor is not None else details
+            seg.audit.append(record(action, self.id, run_id=run_id, actor=self.actor, **audited))
             state = run_state if run_state is not None else dict(head.state)
             values: dict[str, Any] | None = None
             hook_states = dict(head.run.get("hooks") or {})
             token = SEGMENT.set(seg)
             try:
-                if hooks.on_start:
-                    snap_msgs = (await self.messages()) if head.exists else []
-                    new_states = await agent._on_start(
-                        run_id, [*snap_msgs, *(new_messages or [])], state, hook_states
+                with observe(
+                    agent._spec, action=action, run_id=run_id, thread_id=self.id, actor=self.actor
+                ) as observed:
+                    if "decisions" in details:
+                        observed.decided(details["decisions"])
+                    if hooks.on_start:
+                        snap_msgs = (await self.messages()) if head.exists else []
+                        new_states = await agent._on_start(
+                            run_id, [*snap_msgs, *(new_messages or [])], state, hook_states
+                        )
+                        if new_states != hook_states:
+                            inp = _with_hook_states(inp, new_states)
+                    config: RunnableConfig = {
+                        "configurable": {"thread_id": self.id},
+                        "metadata": {
+                            "run_id": run_id,
+                            "actor": self.actor,
+                            "criogen_v0": head.version + 1,
+                            "criogen_s0": head.step + 1,
+                        },
+                        "recursion_limit": agent._config["recursion_limit"],
+                    }
+                    values, interrupts = await self._invoke(graph, inp, config, stream)
+                    if seg.last_config is not None and "messages" in values:
+                        storage.checkpointer.transcripts.remember(  # type: ignore[attr-defined]
+                            self.id,
+                            seg.last_config["configurable"]["checkpoint_id"],
+                            {"messages": values["messages"]},
+                        )
+                    result: Reply[Output] = agent._result(  # type: ignore[assignment]
+                        values,
+                        interrupts,
+                        run_id,
+                        started,
+                        cls=Reply,
+                        version=self._version(seg, head),
+                        checkpoint_id=self._checkpoint_id(seg, head),
                     )
-                    if new_states != hook_states:
-                        if isinstance(inp, dict):
-                            inp["run"]["hooks"] = new_states
-                        elif isinstance(inp, Command):
-                            inp = Command(resume=inp.resume, update={"run": {"hooks": new_states}})
-                        else:
-                            inp = Command(update={"run": {"hooks": new_states}})
-                config: RunnableConfig = {
-                    "configurable": {"thread_id": self.id},
-                    "metadata": {
-                        "run_id": run_id,
-                        "actor": self.actor,
-                        "criogen_v0": head.version + 1,
-                        "criogen_s0": head.step + 1,
-                    },
-                    "recursion_limit": agent._config["recursion_limit"],
-                }
-                values, interrupts = await self._invoke(graph, inp, config, stream)
-                if seg.last_config is not None and "messages" in values:
-                    storage.checkpointer.transcripts.remember(  # type: ignore[attr-defined]
-                        self.id,
-                        seg.last_config["configurable"]["checkpoint_id"],
-                        {"messages": values["messages"]},
-                    )
-                result: Reply[Output] = agent._result(  # type: ignore[assignment]
-                    values,
-                    interrupts,
-                    run_id,
-                    started,
-                    cls=Reply,
-                    version=self._version(seg, head),
-                    checkpoint_id=self._checkpoint_id(seg, head),
-                )
-            except asyncio.CancelledError as exc:
-                await self._after_failure(backend, seg, "run_cancelled", exc)
-                if hooks.on_end:
-                    await agent._on_end(run_id, values, new_messages or [], state, "failed")
-                if isinstance(exc, CancelledError):
-                    raise
-                raise CancelledError(
-                    f"the run on thread {self.id!r} was cancelled; it is saved and retry() "
-                    "continues it"
-                ) from exc
+                    observed.done(result)
             except BaseException as exc:
-                await self._after_failure(backend, seg, "run_failed", exc)
-                if hooks.on_end:
-                    await agent._on_end(run_id, values, new_messages or [], state, "failed")
+                await self._failed(backend, seg, exc, run_id, values, new_messages or [], state)
                 raise
             finally:
                 SEGMENT.reset(token)
@@ -576,8 +590,29 @@ class Thread(Generic[Output]):
                 else "completed"
             )
             await agent._on_end(run_id, values, new_messages or [], state, outcome)
-        agent._raise_for_limit(values, result)
+        agent._raise_for_limit(result)
         return result
+
+    async def _failed(
+        self,
+        backend: Any,
+        seg: Segment,
+        exc: BaseException,
+        run_id: str,
+        values: dict[str, Any] | None,
+        new_messages: list[dict[str, Any]],
+        state: dict[str, Any],
+    ) -> None:
+        """Record a run that failed or was cancelled and run `on_end`; a cancellation
+        becomes our `CancelledError` (the caller re-raises anything else)."""
+        cancelled = isinstance(exc, asyncio.CancelledError)
+        await self._after_failure(backend, seg, "run_cancelled" if cancelled else "run_failed", exc)
+        if self.agent._spec.hooks.on_end:
+            await self.agent._on_end(run_id, values, new_messages, state, "failed")
+        if cancelled and not isinstance(exc, CancelledError):
+            raise CancelledError(
+                f"the run on thread {self.id!r} was cancelled; it is saved and retry() continues it"
+            ) from exc
 
     async def _invoke(
         self, graph: Any, inp: Any, config: RunnableConfig, stream: Stream[Output] | None
@@ -645,6 +680,16 @@ class Thread(Generic[Output]):
         if seg.last_config is None:
             return head.id or ""
         return str(seg.last_config["configurable"]["checkpoint_id"])
+
+
+def _with_hook_states(inp: Any, states: dict[str, Any]) -> Any:
+    """The segment's input, carrying the hook states `on_start` saved."""
+    if isinstance(inp, dict):
+        inp["run"]["hooks"] = states
+        return inp
+    if isinstance(inp, Command):
+        return Command(resume=inp.resume, update={"run": {"hooks": states}})
+    return Command(update={"run": {"hooks": states}})
 
 
 def _fingerprint(args: Any) -> str:

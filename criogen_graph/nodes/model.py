@@ -13,11 +13,13 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_stream_writer
 from langgraph.types import Command, Overwrite, Send
 
+from criogen_graph._observe import run_redactor, run_spans
 from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
 from criogen_graph.errors import ModelError, ValidationError
 from criogen_graph.hooks import HookAction, HookContext, HookFailedError, call_hook
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.nodes.state import add_usage, new_run, normalize_message, tool_ran
+from criogen_graph.redact import redact_messages
 from criogen_graph.results import empty_usage
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -36,6 +38,69 @@ def stream_writer(config: RunnableConfig) -> Writer | None:
 def step_of(config: RunnableConfig) -> int | None:
     step = (config.get("metadata") or {}).get("langgraph_step")
     return int(step) if step is not None else None
+
+
+class RedactedText:
+    """Streams redacted text: holds back the last `HOLD` characters, so a secret that is
+    still arriving is never sent in pieces; `finish()` sends the rest. What it sends joins
+    to the redacted full answer, the text that is saved."""
+
+    HOLD = 256
+
+    __slots__ = ("_buf", "_pending", "_redactor", "_sent", "_sink")
+
+    def __init__(self, redactor: Any, sink: Callable[[str], None]) -> None:
+        self._redactor = redactor
+        self._sink = sink
+        self._buf = ""
+        self._sent = 0
+        self._pending = 0
+
+    def __call__(self, piece: str) -> None:
+        self._buf += piece
+        self._pending += len(piece)
+        if self._pending < 32:
+            return  # redact in batches, not on every token
+        self._pending = 0
+        clean = self._redactor.redact(self._buf)
+        upto = len(clean) - self.HOLD
+        if upto > self._sent:
+            self._sink(clean[self._sent : upto])
+            self._sent = upto
+
+    def finish(self) -> None:
+        clean = self._redactor.redact(self._buf)
+        if len(clean) > self._sent:
+            self._sink(clean[self._sent :])
+        self._sent = len(clean)
+
+
+class _Open:
+    """A chat span and the `Spans` it belongs to (for retry and fallback events)."""
+
+    __slots__ = ("span", "spans")
+
+    def __init__(self, spans: Any, span: Any) -> None:
+        self.spans = spans
+        self.span = span
+
+
+def _chat_attributes(spans: Any, response: ModelResponse, model: Model) -> dict[str, Any]:
+    calls = response.message.get("tool_calls")
+    finish = response.stop_reason or ("tool_calls" if calls else "stop")
+    usage = response.usage
+    attributes: dict[str, Any] = {
+        "gen_ai.provider.name": model.provider,
+        "gen_ai.response.model": model.name,
+        "gen_ai.response.finish_reasons": [finish],
+        "gen_ai.usage.input_tokens": usage.get("input_tokens", 0),
+        "gen_ai.usage.output_tokens": usage.get("output_tokens", 0),
+    }
+    if usage.get("cache_read_tokens"):
+        attributes["gen_ai.usage.cache_read_input_tokens"] = usage["cache_read_tokens"]
+    if spans.content:
+        attributes["gen_ai.output.messages"] = spans.text([response.message])
+    return attributes
 
 
 def _memory_store() -> Any:
@@ -166,11 +231,38 @@ class ModelNode:
             spec.tool_specs,
             spec.output.schema if spec.output is not None else None,
         )
+        redactor = run_redactor(spec)
+        held: RedactedText | None = None
         if writer is not None:
-            request.on_text = lambda text: writer(
-                {"type": "text", "message_id": msg_id, "text": text}
-            )
-        response, model = await self._call_model(request, writer)
+
+            def emit(text: str) -> None:
+                writer({"type": "text", "message_id": msg_id, "text": text})
+
+            if redactor is not None:
+                held = RedactedText(redactor, emit)
+                request.on_text = held
+            else:
+                request.on_text = emit
+        spans = run_spans(spec)
+        if spans is None:
+            response, model = await self._call_model(request, writer, None)
+        else:
+            primary = spec.models[0]
+            attributes = {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": primary.provider,
+                "gen_ai.request.model": primary.name,
+            }
+            if spans.content:
+                attributes["gen_ai.input.messages"] = spans.text(request.messages)
+            with spans.span(f"chat {primary.name}", attributes, kind="client") as span:
+                response, model = await self._call_model(request, writer, _Open(spans, span))
+                spans.set(span, _chat_attributes(spans, response, model))
+        if redactor is not None:
+            # Ahead of every hook: what is saved, streamed and exported is redacted.
+            response.message = redact_messages(redactor, [response.message])[0]
+            if held is not None:
+                held.finish()
         run["model_calls"] = run["model_calls"] + 1
         run["usage"] = add_usage(run["usage"], response.usage)
         ident = model.identity
@@ -321,7 +413,7 @@ class ModelNode:
         return action
 
     async def _call_model(
-        self, request: ModelRequest, writer: Writer | None
+        self, request: ModelRequest, writer: Writer | None, span: Any
     ) -> tuple[ModelResponse, Model]:
         spec = self.spec
         retry = spec.model_retry
@@ -367,6 +459,12 @@ class ModelNode:
                     wait = max(wait, err.retry_after)
                 if writer is not None:
                     writer({"type": "other", "event": "model_retry", "node": "model"})
+                if span is not None:
+                    span.spans.event(
+                        span.span,
+                        "criogen.model_retry",
+                        {"attempt": attempt, "error.type": err.kind, "wait_secs": wait},
+                    )
                 await asyncio.sleep(wait)
             failures.append(err)
             more = index + 1 < len(models)
@@ -374,6 +472,16 @@ class ModelNode:
                 break
             if writer is not None:
                 writer({"type": "other", "event": "model_fallback", "node": "model"})
+            if span is not None:
+                span.spans.event(
+                    span.span,
+                    "criogen.model_fallback",
+                    {
+                        "from": f"{model.provider}:{model.name}",
+                        "to": f"{models[index + 1].provider}:{models[index + 1].name}",
+                        "error.type": err.kind,
+                    },
+                )
         assert err is not None
         if err.kind == "content_filter":
             # A safety stop is an answer, not a crash: the run ends with that stop reason.

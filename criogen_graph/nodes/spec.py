@@ -33,6 +33,10 @@ class AgentSpec:
     #: Tools known only at run time; loaded once by `ensure_tools()`.
     sources: tuple[ToolSource, ...] = ()
     memory: Any = None
+    #: `telemetry.Spans` when the agent exports telemetry.
+    spans: Any = None
+    #: The agent's `Redactor`.
+    redact: Any = None
     system_message: dict[str, Any] | None = field(init=False, default=None)
     tool_specs: list[dict[str, Any]] = field(init=False, default_factory=list)
     loaded: bool = field(init=False, default=False)

@@ -15,6 +15,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.errors import GraphBubbleUp
 from pydantic_core import to_jsonable_python
 
+from criogen_graph._observe import run_redactor, run_spans
 from criogen_graph.errors import LimitExceededError, ToolError, ToolExecutionError
 from criogen_graph.hooks import ToolCall, ToolResult, call_hook
 from criogen_graph.nodes.model import Writer, step_of, stream_writer
@@ -73,9 +74,17 @@ class ToolsNode:
     async def __call__(self, payload: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
         if not self.spec.loaded:
             await self.spec.ensure_tools()  # e.g. a retry after a restart, in Studio
+        spans = run_spans(self.spec)
+        if spans is not None:
+            return await self._traced(payload, config, spans)
         writer = stream_writer(config)
         if writer is None:
             return {"messages": (await self.run_call(payload, config, None),)}
+        return await self._streamed(payload, config, writer)
+
+    async def _streamed(
+        self, payload: dict[str, Any], config: RunnableConfig, writer: Writer
+    ) -> dict[str, Any]:
         step = step_of(config)
         writer({"type": "other", "event": "step_started", "node": "tools", "step": step})
         msg = await self.run_call(payload, config, writer)
@@ -91,6 +100,33 @@ class ToolsNode:
         writer({"type": "other", "event": "step_finished", "node": "tools", "step": step})
         return {"messages": (msg,)}
 
+    async def _traced(
+        self, payload: dict[str, Any], config: RunnableConfig, spans: Any
+    ) -> dict[str, Any]:
+        call = payload["call"]
+        attributes = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call["name"],
+            "gen_ai.tool.call.id": call["id"],
+            "gen_ai.tool.type": "function",
+        }
+        if spans.content:
+            attributes["gen_ai.tool.call.arguments"] = spans.text(call.get("args") or {})
+        with spans.span(f"execute_tool {call['name']}", attributes) as span:
+            writer = stream_writer(config)
+            if writer is None:
+                msg = await self.run_call(payload, config, None)
+            else:
+                msg = (await self._streamed(payload, config, writer))["messages"][0]
+            result = {"criogen.tool.status": msg["status"], "criogen.tool.ran_as": msg.get("tool")}
+            decision = payload.get("decision")
+            if decision is not None:
+                result["criogen.tool.decision"] = decision["type"]
+            if spans.content:
+                result["gen_ai.tool.call.result"] = spans.text(msg["content"])
+            spans.set(span, result)
+        return {"messages": (msg,)}
+
     async def run_call(
         self, payload: dict[str, Any], config: RunnableConfig, writer: Writer | None
     ) -> dict[str, Any]:
@@ -103,7 +139,16 @@ class ToolsNode:
         note: str | None = None
         changed_by: list[str] = []
 
-        def message(content: str, status: str, **extra: Any) -> dict[str, Any]:
+        redactor = run_redactor(spec)
+
+        def message(
+            content: str, status: str, *, clean: bool = False, **extra: Any
+        ) -> dict[str, Any]:
+            if redactor is not None:
+                if not clean:
+                    content = redactor.redact(content)
+                if "artifact" in extra:
+                    extra["artifact"] = redactor.redact_value(extra["artifact"])
             msg: dict[str, Any] = {
                 "role": "tool",
                 "tool_call_id": call_id,
@@ -140,13 +185,14 @@ class ToolsNode:
                     f"{to_content(args)}. Do not repeat the original call.]\n"
                 )
 
-        def done(content: str, status: str, **extra: Any) -> dict[str, Any]:
+        def done(content: str, status: str, *, clean: bool = False, **extra: Any) -> dict[str, Any]:
             if note is not None:
+                clean = False  # a reviewer's edit is not redacted yet
                 content = note + content
                 extra["decision"] = "edit"
                 if name != called:
                     extra["tool"] = name
-            return message(content, status, **extra)
+            return message(content, status, clean=clean, **extra)
 
         ctx = ToolContext(
             run_id=payload.get("run_id", ""),
@@ -238,6 +284,8 @@ class ToolsNode:
         if isinstance(value, ToolOutput):
             usage = value.usage
             value = value.value
+        if redactor is not None:
+            value = redactor.redact_value(value)  # ahead of the after_tool hooks
         if hooks.after_tool:
             try:
                 for hname, fn in hooks.after_tool:
@@ -256,7 +304,10 @@ class ToolsNode:
             extra["usage"] = usage
         if tool is not None and tool.return_direct and status == "ok":
             extra["return_direct"] = True
-        return done(to_content(value), status, **extra)
+        # A text result no hook replaced was redacted above; once is enough. (Other
+        # values are redacted as the JSON the model reads: objects may hide strings.)
+        clean = not changed_by and isinstance(value, str)
+        return done(to_content(value), status, clean=clean, **extra)
 
     async def _execute(self, tool: Tool, args: Any, ctx: ToolContext) -> Any:
         spec = self.spec
