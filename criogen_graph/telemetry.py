@@ -7,6 +7,8 @@ import base64
 import contextlib
 import json
 import os
+import random
+import time
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -56,8 +58,7 @@ class Telemetry:
         self.content = bool(content)
         self.service_name = service_name
         self.timeout_secs = timeout_secs
-        self._provider: Any = None
-        self._tracer: Any = None
+        self._export: _Export | None = None
 
     @classmethod
     def otlp(
@@ -114,43 +115,23 @@ class Telemetry:
     # -- the SDK, loaded on first use ----------------------------------------------------
 
     @property
-    def tracer(self) -> Any:
-        if self._tracer is None:
-            try:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-                from opentelemetry.sdk.resources import Resource
-                from opentelemetry.sdk.trace import TracerProvider
-                from opentelemetry.sdk.trace.export import BatchSpanProcessor
-            except ImportError as exc:  # pragma: no cover - depends on the install
-                raise ValidationError(
-                    "telemetry needs OpenTelemetry: pip install 'criogen-graph[otel]'",
-                    code="missing_dependency",
-                ) from exc
-            from criogen_graph import __version__
-
-            # A provider of our own (not the global one): two agents can export to two
-            # places, and an application's own OpenTelemetry setup is left alone.
-            provider = TracerProvider(resource=Resource.create({"service.name": self.service_name}))
-            exporter = OTLPSpanExporter(
-                endpoint=self.endpoint, headers=self.headers, timeout=self.timeout_secs
-            )
-            provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
-            self._provider = provider
-            self._tracer = provider.get_tracer("criogen_graph", __version__)
-        return self._tracer
+    def exporter(self) -> _Export:
+        """The batch processor and OTLP exporter (made on first use)."""
+        if self._export is None:
+            self._export = _Export(self)
+        return self._export
 
     def flush(self, timeout_secs: float = 30) -> bool:
         """Export the spans ended so far; True when all went out in time."""
-        if self._provider is None:
+        if self._export is None:
             return True
-        return bool(self._provider.force_flush(int(timeout_secs * 1000)))
+        return bool(self._export.processor.force_flush(int(timeout_secs * 1000)))
 
     def shutdown(self) -> None:
         """Export what is left and stop the exporter."""
-        if self._provider is not None:
-            self._provider.shutdown()
-            self._provider = None
-            self._tracer = None
+        if self._export is not None:
+            self._export.processor.shutdown()  # type: ignore[no-untyped-call]
+            self._export = None
 
     def __repr__(self) -> str:
         return f"Telemetry({self.endpoint!r}, content={self.content})"
@@ -159,6 +140,53 @@ class Telemetry:
 #: The spans of the run in progress; an agent run as a tool of another without telemetry
 #: of its own reports into its caller's.
 SPANS: ContextVar[Spans | None] = ContextVar("criogen_spans", default=None)
+
+
+class _Export:
+    """The OpenTelemetry SDK's batch processor and OTLP/HTTP exporter, fed finished spans.
+
+    Spans are recorded by `Spans` as plain objects and handed over as the SDK's
+    `ReadableSpan` when they end: the SDK's own live spans clean and lock every attribute
+    on every call, which costs more than a whole agent turn's bookkeeping. Export
+    (batching, encoding, retries, the background thread) is the SDK's."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ValidationError(
+                "telemetry needs OpenTelemetry: pip install 'criogen-graph[otel]'",
+                code="missing_dependency",
+            ) from exc
+        from criogen_graph import __version__
+
+        exporter = OTLPSpanExporter(
+            endpoint=telemetry.endpoint, headers=telemetry.headers, timeout=telemetry.timeout_secs
+        )
+        self.processor = BatchSpanProcessor(
+            exporter, schedule_delay_millis=500, max_queue_size=16384
+        )
+        self.resource = Resource.create({"service.name": telemetry.service_name})
+        self.scope = InstrumentationScope("criogen_graph", __version__)
+
+
+class _Live:
+    """A span being recorded."""
+
+    __slots__ = ("attributes", "context", "events", "kind", "name", "parent", "start", "status")
+
+    def __init__(self, name: str, kind: Any, context: Any, parent: Any, attributes: Any) -> None:
+        self.name = name
+        self.kind = kind
+        self.context = context
+        self.parent = parent
+        self.attributes = attributes
+        self.events: list[Any] = []
+        self.status: Any = None
+        self.start = time.time_ns()
 
 
 class Spans:
@@ -179,11 +207,14 @@ class Spans:
         for k, v in attributes.items():
             if v is None:
                 continue
-            if redactor is not None:
-                if isinstance(v, str):
+            if isinstance(v, str):
+                if redactor is not None:
                     v = redactor.redact(v)
-                elif isinstance(v, list | tuple):
-                    v = [redactor.redact(x) if isinstance(x, str) else x for x in v]
+            elif isinstance(v, list | tuple):
+                # OTLP arrays hold one type; ours are lists of names and ids.
+                v = tuple(redactor.redact(str(x)) if redactor is not None else str(x) for x in v)
+            elif not isinstance(v, bool | int | float):
+                v = str(v)
             out[k] = v
         return out
 
@@ -198,30 +229,69 @@ class Spans:
     @contextlib.contextmanager
     def span(
         self, name: str, attributes: Mapping[str, Any], *, kind: str = "internal"
-    ) -> Iterator[Any]:
-        from opentelemetry.trace import SpanKind, Status, StatusCode
+    ) -> Iterator[_Live]:
+        from opentelemetry import context as otel_context
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.trace import (
+            NonRecordingSpan,
+            SpanContext,
+            SpanKind,
+            Status,
+            StatusCode,
+            TraceFlags,
+        )
 
-        span_kind = SpanKind.CLIENT if kind == "client" else SpanKind.INTERNAL
-        with self.telemetry.tracer.start_as_current_span(
+        export = self.telemetry.exporter
+        # The parent is whatever span is current: ours (a run, a tool call) or the
+        # application's own (a web request); the span is made current for the code it
+        # wraps, so spans of instrumented libraries called by tools nest under it.
+        current = trace.get_current_span().get_span_context()
+        parent: SpanContext | None = current if current.is_valid else None
+        if parent is not None:
+            trace_id, flags = parent.trace_id, parent.trace_flags
+        else:
+            trace_id, flags = random.getrandbits(128), TraceFlags(TraceFlags.SAMPLED)
+        context = SpanContext(trace_id, random.getrandbits(64), False, flags)
+        live = _Live(
             name,
-            kind=span_kind,
-            attributes=self.clean(attributes),
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            try:
-                yield span
-            except BaseException as exc:
-                from langgraph.errors import GraphBubbleUp
+            SpanKind.CLIENT if kind == "client" else SpanKind.INTERNAL,
+            context,
+            parent,
+            self.clean(attributes),
+        )
+        token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(context)))
+        try:
+            yield live
+        except BaseException as exc:
+            from langgraph.errors import GraphBubbleUp
 
-                if isinstance(exc, GraphBubbleUp):
-                    raise  # a stop for approval, not an error
-                span.set_attribute("error.type", type(exc).__name__)
-                span.set_status(Status(StatusCode.ERROR, self.text(str(exc))[:500]))
-                raise
+            if not isinstance(exc, GraphBubbleUp):  # a stop for approval is not an error
+                live.attributes["error.type"] = type(exc).__name__
+                live.status = Status(StatusCode.ERROR, self.text(str(exc))[:500])
+            raise
+        finally:
+            otel_context.detach(token)
+            export.processor.on_end(
+                ReadableSpan(
+                    live.name,
+                    context=context,
+                    parent=live.parent,
+                    resource=export.resource,
+                    attributes=live.attributes,
+                    events=live.events,
+                    kind=live.kind,
+                    status=live.status or Status(StatusCode.UNSET),
+                    start_time=live.start,
+                    end_time=time.time_ns(),
+                    instrumentation_scope=export.scope,
+                )
+            )
 
-    def event(self, span: Any, name: str, attributes: Mapping[str, Any]) -> None:
-        span.add_event(name, self.clean(attributes))
+    def event(self, span: _Live, name: str, attributes: Mapping[str, Any]) -> None:
+        from opentelemetry.sdk.trace import Event
 
-    def set(self, span: Any, attributes: Mapping[str, Any]) -> None:
-        span.set_attributes(self.clean(attributes))
+        span.events.append(Event(name, self.clean(attributes), time.time_ns()))
+
+    def set(self, span: _Live, attributes: Mapping[str, Any]) -> None:
+        span.attributes.update(self.clean(attributes))
