@@ -323,3 +323,33 @@ async def test_runs_nest_under_the_applications_current_span(rx: OtlpReceiver) -
     context = request.get_span_context()
     assert run.parent_id == f"{context.span_id:016x}"
     assert run.trace_id == f"{context.trace_id:032x}"
+
+
+async def test_spans_made_inside_a_tool_nest_under_its_execute_tool_span(rx: OtlpReceiver) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    app_spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(app_spans))
+    app_tracer = provider.get_tracer("app")
+
+    @tool
+    def fetch(url: str) -> str:
+        """Fetch a page (an instrumented HTTP client would record a span here)."""
+        with app_tracer.start_as_current_span("GET"):
+            return "<html>"
+
+    telemetry = otlp(rx)
+    agent = Agent(
+        FakeModel([FakeReply.tool_call("fetch", {"url": "http://x"}), FakeReply.text("ok")]),
+        tools=[fetch],
+        telemetry=telemetry,
+    )
+    await agent.run("go")
+    call = one(exported(telemetry, rx), "execute_tool fetch")
+    (inner,) = app_spans.get_finished_spans()
+    assert inner.parent is not None
+    assert f"{inner.parent.span_id:016x}" == call.span_id
+    assert f"{inner.context.trace_id:032x}" == call.trace_id
