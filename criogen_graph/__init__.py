@@ -61,6 +61,9 @@ _LAZY = {
     "AnthropicModel": "criogen_graph.adapters.models.anthropic",
     "gemini": "criogen_graph.adapters.models.gemini",
     "GeminiModel": "criogen_graph.adapters.models.gemini",
+    "McpServer": "criogen_graph.mcp",
+    "McpServerError": "criogen_graph.mcp",
+    "McpTool": "criogen_graph.mcp",
 }
 
 
@@ -94,6 +97,9 @@ __all__ = [
     "HookFailedError",
     "LimitExceededError",
     "Limits",
+    "McpServer",
+    "McpServerError",
+    "McpTool",
     "Memory",
     "MemoryView",
     "MessageEvent",

@@ -1,0 +1,1 @@
+"""Real MCP servers (built with the `mcp` package) that tests/test_mcp.py talks to."""
