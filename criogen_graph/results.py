@@ -108,9 +108,13 @@ class Decision:
 
     @classmethod
     def coerce(cls, value: Decision | Mapping[str, Any] | str) -> Decision:
-        """A `Decision` from itself, its JSON dict, or a bare type name like `"approve"`."""
+        """A `Decision` from itself, its JSON dict, or a bare type name like `"approve"`.
+        Raises `ValidationError` for one that does not make sense (a `respond` without a
+        message, say), however it was built."""
         if isinstance(value, Decision):
-            return value
+            if type(value.type) is not str:
+                raise ValidationError("decision type must be text", code="invalid_type")
+            return cls.coerce(value.to_dict())
         if isinstance(value, str):
             if value not in ("approve", "reject"):
                 raise ValidationError(

@@ -91,8 +91,21 @@ class Storage:
             )
         if isinstance(busy_timeout_secs, bool) or not isinstance(busy_timeout_secs, int | float):
             raise TypeError("busy_timeout_secs must be a number")
-        if busy_timeout_secs < 0:
-            raise ValidationError("busy_timeout_secs must be >= 0", code="invalid_value")
+        if not busy_timeout_secs >= 0:  # also NaN; inf waits as long as it takes
+            raise ValidationError(
+                f"busy_timeout_secs must be a number >= 0, got {busy_timeout_secs!r}",
+                code="invalid_value",
+            )
+        try:
+            url.encode()
+        except UnicodeEncodeError:
+            raise StorageError(
+                "the storage URL has characters that cannot be encoded (a lone surrogate); "
+                "percent-encode them",
+                code="invalid_url",
+            ) from None
+        if "\x00" in url:
+            raise StorageError("the storage URL contains a NUL character", code="invalid_url")
         scheme = url.split(":", 1)[0].lower() if ":" in url else ""
         if scheme not in ("memory", "sqlite", "postgres", "postgresql"):
             raise StorageError(
@@ -219,14 +232,19 @@ class Storage:
         """The LangGraph store that keeps memory facts and collections (opened on first
         use; values sealed with the `encryption_key` when there is one)."""
         backend = await self._ensure_open()
-        if self._store is None or self._store_backend is not backend:
-            store = await backend.open_store()
-            if self._serde is not None:
-                from criogen_graph.adapters.storage.sealed import SealedStore
+        if self._store is not None and self._store_backend is backend:
+            return self._store
+        # Concurrent first runs must not each create (and migrate) the store.
+        lock = self._opening or asyncio.Lock()  # (memory:// opens without awaiting)
+        async with lock:
+            if self._store is None or self._store_backend is not backend:
+                store = await backend.open_store()
+                if self._serde is not None:
+                    from criogen_graph.adapters.storage.sealed import SealedStore
 
-                store = SealedStore(store, self._serde)
-            self._store = store
-            self._store_backend = backend
+                    store = SealedStore(store, self._serde)
+                self._store = store
+                self._store_backend = backend
         return self._store
 
     @property

@@ -254,7 +254,9 @@ class Thread(Generic[Output]):
             snap = await graph.aget_state(cfg)
             if snap.interrupts:
                 raise self._suspended_error()
-            if not snap.next:
+            # A step whose tasks all finished (their writes saved) before the run was
+            # cancelled has no `next`, but its tasks are still to be committed.
+            if not snap.next and not snap.tasks:
                 stop = head.run.get("stop_reason")
                 why = f"its last run ended ({stop})" if stop else "no run is unfinished"
                 raise ValidationError(
@@ -618,15 +620,19 @@ class Thread(Generic[Output]):
         self, graph: Any, inp: Any, config: RunnableConfig, stream: Stream[Output] | None
     ) -> tuple[dict[str, Any], tuple[Any, ...]]:
         """Run the graph: `ainvoke`, or `astream` turning the nodes' custom stream parts into
-        events. Both return the final values and the interrupts."""
+        events. Both return the final values and the interrupts.
+
+        Durability is "sync": each step is saved before the next one starts, so no tool
+        runs with a call id that a crash could take back (the model would be asked again
+        and answer with other ids), and a finished step is never lost."""
         if stream is None:
-            out = await graph.ainvoke(inp, config, version="v2")
+            out = await graph.ainvoke(inp, config, version="v2", durability="sync")
             return out.value, out.interrupts
         config["configurable"][STREAM_FLAG] = True
         values: dict[str, Any] = {}
         interrupts: tuple[Any, ...] = ()
         async for part in graph.astream(
-            inp, config, stream_mode=["custom", "values"], version="v2"
+            inp, config, stream_mode=["custom", "values"], version="v2", durability="sync"
         ):
             if part["type"] == "custom":
                 event = to_event(part["data"])
@@ -711,9 +717,10 @@ def _entry(tup: CheckpointTuple) -> dict[str, Any]:
     elif meta.get("source") == "input" and not errors:
         status = "pending"
     elif errors:
+        # A failing call cancels the other calls of its step: the failure is the story.
         status = (
             "cancelled"
-            if any("CancelledError" in type(e).__name__ or "Cancelled" in repr(e) for e in errors)
+            if all("CancelledError" in type(e).__name__ or "Cancelled" in repr(e) for e in errors)
             else "failed"
         )
     elif run.get("stop_reason") is not None:

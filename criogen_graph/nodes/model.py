@@ -557,11 +557,23 @@ def _checked_reply(hook: str, message: Any, msg_id: str) -> dict[str, Any]:
     out.setdefault("id", msg_id)
     calls = out.get("tool_calls")
     if calls:
+        if not isinstance(calls, list | tuple):
+            raise HookFailedError(
+                f"hook {hook!r}: the replacement reply's tool_calls must be a list of "
+                f"{{'name', 'args'}} dicts, got {type(calls).__name__}",
+                hook=hook,
+                method="after_model",
+            )
         fixed = []
         for c in calls:
-            if not isinstance(c, Mapping) or not isinstance(c.get("name"), str):
+            if (
+                not isinstance(c, Mapping)
+                or not isinstance(c.get("name"), str)
+                or not isinstance(c.get("args") or {}, Mapping)
+            ):
                 raise HookFailedError(
-                    f"hook {hook!r}: each tool call needs a 'name' and 'args'",
+                    f"hook {hook!r}: each tool call needs a 'name' (text) and 'args' (a dict), "
+                    f"got {c!r}",
                     hook=hook,
                     method="after_model",
                 )

@@ -19,9 +19,23 @@ from criogen_graph.results import USAGE_KEYS, empty_usage
 _LC_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
 
 
+def _lc_content(content: Any) -> Any:
+    """A LangChain message's content: a list of text blocks only (what chat UIs such as
+    LangGraph Studio send, `[{"type": "text", "text": ...}]`) becomes its text; anything
+    else (images, a plain string) stays as it is."""
+    if (
+        type(content) is list
+        and content
+        and all(type(b) is dict and b.get("type") == "text" for b in content)
+    ):
+        return "".join(str(b.get("text") or "") for b in content)
+    return content
+
+
 def normalize_message(m: Any) -> dict[str, Any]:
     """A transcript dict from a dict, a `(role, text)` pair, a string (a user message) or
-    a LangChain message (e.g. one sent from LangGraph Studio's chat)."""
+    a LangChain message or its dict form (`{"type": "human", "content": ...}`, what
+    LangGraph Studio's chat sends)."""
     if type(m) is dict and "role" in m:
         return m
     if isinstance(m, str):
@@ -32,7 +46,7 @@ def normalize_message(m: Any) -> dict[str, Any]:
     if isinstance(m, dict):
         kind = m.get("type")
         if kind in _LC_ROLES:
-            out = {"role": _LC_ROLES[kind], "content": m.get("content", "")}
+            out = {"role": _LC_ROLES[kind], "content": _lc_content(m.get("content", ""))}
             if m.get("tool_calls"):
                 out["tool_calls"] = [
                     {"id": c.get("id"), "name": c.get("name"), "args": c.get("args") or {}}
@@ -44,7 +58,7 @@ def normalize_message(m: Any) -> dict[str, Any]:
         raise ValueError(f"a message needs a 'role' (user, assistant, tool, system): {m!r}")
     kind = getattr(m, "type", None)
     if kind in _LC_ROLES and hasattr(m, "content"):
-        out = {"role": _LC_ROLES[kind], "content": m.content}
+        out = {"role": _LC_ROLES[kind], "content": _lc_content(m.content)}
         if getattr(m, "tool_calls", None):
             out["tool_calls"] = [
                 {"id": c.get("id"), "name": c["name"], "args": c.get("args") or {}}

@@ -79,16 +79,13 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
     CHECKPOINT_EVERY = 256
 
     def __init__(
-        self, conn: aiosqlite.Connection, serde: SerializerProtocol | None, path: str
+        self,
+        conn: aiosqlite.Connection,
+        serde: SerializerProtocol | None,
+        fast: sqlite3.Connection | None,
     ) -> None:
         super().__init__(conn, serde=serde)
-        self._fast: sqlite3.Connection | None = None
-        if path != ":memory:":
-            fast = sqlite3.connect(path, timeout=0, check_same_thread=False)
-            fast.execute("PRAGMA synchronous=NORMAL")
-            fast.execute("PRAGMA wal_autocheckpoint=0")
-            fast.execute(f"PRAGMA mmap_size={MMAP_BYTES}").fetchall()
-            self._fast = fast
+        self._fast = fast
         self._inline_commits = 0
         self._wal_task: asyncio.Task[None] | None = None
         self.transcripts = TranscriptCache()
@@ -107,8 +104,12 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
             await self.conn.executescript(_SCHEMA)
             await self.conn.commit()
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
-        fast = self._fast
+    async def _run(
+        self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True, inline: bool = True
+    ) -> T:
+        """Run `fn` on the inline connection when the file is free, else (or with
+        `inline=False`) on aiosqlite's worker thread."""
+        fast = self._fast if inline else None
         if fast is not None and not self.lock.locked():
             try:
                 result = fn(fast)
@@ -319,7 +320,40 @@ def parse_sqlite_url(url: str) -> str:
     return path
 
 
+def _fast_connection(path: str) -> sqlite3.Connection | None:
+    """The inline connection (see the module docstring); None for `:memory:`."""
+    if path == ":memory:":
+        return None
+    fast = sqlite3.connect(path, timeout=0, check_same_thread=False)
+    fast.execute("PRAGMA synchronous=NORMAL")
+    fast.execute("PRAGMA wal_autocheckpoint=0")
+    fast.execute(f"PRAGMA mmap_size={MMAP_BYTES}").fetchall()
+    return fast
+
+
+def _open_error(path: str, exc: BaseException) -> StorageError:
+    text = str(exc)
+    if "not a database" in text:
+        return StorageError(
+            f"{path!r} is not a SQLite database (or it is encrypted by another tool): {text}",
+            code="not_a_database",
+        )
+    if "locked" in text:
+        return StorageError(
+            f"SQLite file {path!r} is locked by another connection that holds a write "
+            "transaction; try again when it is done",
+            code="busy",
+        )
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else text
+    return StorageError(f"cannot write SQLite file {path!r}: {reason}", code="unwritable")
+
+
 class SqliteBackend(Backend):
+    """Opening does its file work (directories, the inline connection, the key check) in
+    worker threads, so a storage first used inside a graph node (a `CollectionTool` in
+    `langgraph dev`, whose `blockbuster` forbids blocking calls on the event loop)
+    opens cleanly."""
+
     def __init__(self, url: str, serde: SerializerProtocol | None) -> None:
         self.path = parse_sqlite_url(url)
         self._serde = serde
@@ -332,7 +366,7 @@ class SqliteBackend(Backend):
         if not self.in_memory:
             file = Path(self.path)
             try:
-                file.parent.mkdir(parents=True, exist_ok=True)
+                await asyncio.to_thread(file.parent.mkdir, parents=True, exist_ok=True)
             except OSError as exc:
                 reason = exc.strerror or exc
                 raise StorageError(
@@ -350,20 +384,27 @@ class SqliteBackend(Backend):
                 f"cannot open SQLite file {self.path!r}: {exc}", code="unwritable"
             ) from None
         self._conn = conn
-        saver = _Saver(conn, self._serde, self.path)
+        fast: sqlite3.Connection | None = None
         try:
+            fast = await asyncio.to_thread(_fast_connection, self.path)
+            saver = _Saver(conn, self._serde, fast)
             await saver.setup()
             # Fails now, not mid-run, on a file that cannot be written.
             await conn.execute("BEGIN IMMEDIATE")
             await conn.rollback()
-        except sqlite3.Error as exc:
+            if not self.in_memory:
+                self._files = await asyncio.to_thread(FileLocks, Path(self.path + ".locks"))
+        except (sqlite3.Error, OSError, StorageError) as exc:
+            # Leave nothing open behind a failed open: no thread, no file handle.
+            if fast is not None:
+                fast.close()
+            self._conn = None
             await conn.close()
-            raise StorageError(
-                f"cannot write SQLite file {self.path!r}: {exc}", code="unwritable"
-            ) from None
+            if isinstance(exc, StorageError):
+                raise
+            raise _open_error(self.path, exc) from None
         self.saver = saver
-        if not self.in_memory:
-            self._files = FileLocks(Path(self.path + ".locks"))
+        if self._files is not None:
             self.try_lock = self._files.try_lock
             self.unlock = self._files.unlock
 
@@ -451,7 +492,8 @@ class SqliteBackend(Backend):
             rows = db.execute("SELECT value FROM criogen_meta WHERE key = ?", (key,)).fetchall()
             return bytes(rows[0][0]) if rows else None
 
-        found: bytes | None = await saver._run(read, write=False)
+        # Read when the storage opens: on the worker thread, like every open-time step.
+        found: bytes | None = await saver._run(read, write=False, inline=False)
         return found
 
     async def set_meta(self, key: str, value: bytes) -> None:
@@ -463,4 +505,4 @@ class SqliteBackend(Backend):
             )
             db.commit()
 
-        await saver._run(write)
+        await saver._run(write, inline=False)
