@@ -1,0 +1,122 @@
+"""What the reliability tests run in child processes (started by a forkserver that has
+imported this module, so a child starts in milliseconds, not in an interpreter's
+import time), and the agent they share with the test."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+from criogen_graph import Agent, FakeReply, FunctionModel, Storage, ToolContext, tool
+
+
+def ledger(workdir: Path) -> list[str]:
+    path = workdir / "ledger"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _append(workdir: Path, line: str) -> None:
+    # O_APPEND + fsync: a line is either wholly in the file or not at all, even when the
+    # process is killed right after.
+    fd = os.open(workdir / "ledger", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+#: What the model asks for, turn by turn: three calls at once, then two, then the answer.
+PLAN: list[list[tuple[str, dict[str, Any]]]] = [
+    [("charge", {"amount": 10}), ("email", {"to": "a"}), ("charge", {"amount": 20})],
+    [("ship", {"order": "A-1"}), ("email", {"to": "b"})],
+]
+
+
+def kill_agent(storage: Storage | str, workdir: Path) -> Agent[Any]:
+    """A multi-tool run: three parallel calls, then two, then "done". Each tool writes
+    `start <call_id>` when it begins and `effect <call_id>` once per call id (the
+    idempotency key a real tool would use: `ctx.call_id` is stable across retries)."""
+
+    async def effect(ctx: ToolContext, what: str) -> str:
+        _append(workdir, f"start {ctx.call_id}")
+        await asyncio.sleep(random.uniform(0, 0.015))
+        if not any(line == f"effect {ctx.call_id}" for line in ledger(workdir)):
+            _append(workdir, f"effect {ctx.call_id}")
+        await asyncio.sleep(random.uniform(0, 0.005))
+        return f"{what} ok"
+
+    @tool
+    async def charge(amount: int, ctx: ToolContext) -> str:
+        """Charge a card."""
+        return await effect(ctx, f"charged {amount}")
+
+    @tool
+    async def email(to: str, ctx: ToolContext) -> str:
+        """Send an e-mail."""
+        return await effect(ctx, f"mailed {to}")
+
+    @tool
+    async def ship(order: str, ctx: ToolContext) -> str:
+        """Ship an order."""
+        return await effect(ctx, f"shipped {order}")
+
+    def script(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        turn = sum(1 for m in messages if m["role"] == "assistant")
+        if turn < len(PLAN):
+            return FakeReply.tool_calls(*PLAN[turn])
+        return "done"
+
+    return Agent(FunctionModel(script), tools=[charge, email, ship], storage=storage)
+
+
+async def _send(url: str, thread_id: str, workdir: str, started: Any, done: Any) -> None:
+    storage = Storage(url)
+    try:
+        await storage.open()
+        agent = kill_agent(storage, Path(workdir))
+        agent._thread_graph(storage, None)  # compiled before the kill window opens
+        started.set()  # the parent kills this process at a random moment from now on
+        await agent.thread(thread_id).send("go")
+        done.set()
+    finally:
+        await storage.close()
+
+
+def send(url: str, thread_id: str, workdir: str, started: Any, done: Any) -> None:
+    """Child: start the run (the parent kills it somewhere along the way)."""
+    asyncio.run(_send(url, thread_id, workdir, started, done))
+
+
+async def recover(url: str, thread_id: str, workdir: Path) -> str:
+    """What a user does after a crash: send again if the message never got saved, else
+    continue the unfinished run. Returns what it did."""
+    from criogen_graph import ValidationError
+
+    storage = Storage(url, on_busy="wait", busy_timeout_secs=30)
+    try:
+        thread = kill_agent(storage, workdir).thread(thread_id)
+        if not any(m["role"] == "user" for m in await thread.messages()):
+            await thread.send("go")
+            return "sent_again"
+        try:
+            await thread.retry()
+        except ValidationError as exc:
+            if exc.code != "nothing_to_retry":
+                raise
+            return "was_done"
+        return "retried"
+    finally:
+        await storage.close()
+
+
+def recover_child(url: str, thread_id: str, workdir: str, out: Any) -> None:
+    """Child: recover the thread in a new process; puts what it did (or its error) on
+    `out`."""
+    try:
+        out.put(asyncio.run(recover(url, thread_id, Path(workdir))))
+    except BaseException as exc:
+        out.put(f"error: {type(exc).__name__}: {exc}")
