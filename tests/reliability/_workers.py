@@ -120,3 +120,44 @@ def recover_child(url: str, thread_id: str, workdir: str, out: Any) -> None:
         out.put(asyncio.run(recover(url, thread_id, Path(workdir))))
     except BaseException as exc:
         out.put(f"error: {type(exc).__name__}: {exc}")
+
+
+def echo_agent(storage: Storage | str) -> Agent[Any]:
+    """Answers each message with "ack <message>", taking a few milliseconds to do it."""
+
+    def script(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        return FakeReply.text(f"ack {messages[-1]['content']}", delay=0.003)
+
+    return Agent(FunctionModel(script), storage=storage)
+
+
+async def _hammer(
+    url: str, thread_id: str, me: int, sends: int, on_busy: str, go: Any, out: Any
+) -> None:
+    from criogen_graph import ThreadBusyError
+
+    storage = Storage(url, on_busy=on_busy, busy_timeout_secs=120)
+    sent: list[str] = []
+    busy = 0
+    try:
+        await storage.open()
+        thread = echo_agent(storage).thread(thread_id, actor=f"p{me}")
+        await asyncio.to_thread(go.wait)  # all processes start together
+        for n in range(sends):
+            text = f"p{me}-{n}"
+            try:
+                await thread.send(text)
+                sent.append(text)
+            except ThreadBusyError:
+                busy += 1
+    finally:
+        await storage.close()
+    out.put({"me": me, "sent": sent, "busy": busy})
+
+
+def hammer(url: str, thread_id: str, me: int, sends: int, on_busy: str, go: Any, out: Any) -> None:
+    """Child: send `sends` messages to one thread that other processes also write to."""
+    try:
+        asyncio.run(_hammer(url, thread_id, me, sends, on_busy, go, out))
+    except BaseException as exc:
+        out.put({"me": me, "error": f"{type(exc).__name__}: {exc}"})
