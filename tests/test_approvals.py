@@ -12,6 +12,7 @@ from criogen_graph import (
     Agent,
     Approval,
     Decision,
+    FakeModel,
     FakeReply,
     FunctionModel,
     Hook,
@@ -359,3 +360,24 @@ async def test_studio_style_plain_json_answers(storage: Storage, thread_id: str)
     assert out["messages"][-1]["content"] == "results: refunded A-1"
     assert ledger == ["refund A-1 0"]
     assert await agent.thread(thread_id).pending_approvals() == []
+
+
+async def test_a_reject_reason_ending_in_a_period_reads_cleanly() -> None:
+    @tool
+    def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    agent = Agent(
+        FakeModel([FakeReply.tool_call("refund", {"order_id": "A-1"}), "ok"]),
+        tools=[refund],
+        approve=["refund"],
+    )
+    thread = agent.thread("reject-period")
+    await thread.send("refund A-1")
+    reply = await thread.reject("Refunded already.")
+    (result,) = [m for m in reply.messages if m["role"] == "tool"]
+    assert result["content"] == (
+        "A reviewer rejected this call to refund: Refunded already. Do not retry it; "
+        "continue without it."
+    )

@@ -170,7 +170,7 @@ class ToolsNode:
                 # Saying so plainly keeps models from re-issuing a rejected call.
                 return message(
                     f"A reviewer rejected this call to {called}"
-                    + (f": {reason}" if reason and reason != "rejected" else "")
+                    + (f": {reason.rstrip(' .')}" if reason and reason != "rejected" else "")
                     + ". Do not retry it; continue without it.",
                     "rejected",
                     decision=kind,
