@@ -306,7 +306,10 @@ class Thread(Generic[Output]):
 
     async def rewind(self, checkpoint_id: str) -> dict[str, Any]:
         """Make an older checkpoint current again, saved as a new head. Newer checkpoints
-        stay stored but leave the history; the next call runs from there."""
+        stay stored but leave the history; the next call runs from there. A checkpoint
+        where the run waited for approval waits again (answer it anew); one in the
+        middle of a run leaves the run unfinished, and `retry()` continues it from there
+        (the new head is then a copy of that checkpoint, beside it in the history)."""
         if not isinstance(checkpoint_id, str) or not checkpoint_id:
             raise ValidationError("rewind takes a checkpoint id (a str)", code="invalid_type")
         graph, cfg = await self._graph()
@@ -340,19 +343,25 @@ class Thread(Generic[Output]):
                     previous_head=head.id,
                 )
             )
+            target_snap = await graph.aget_state(target_cfg)
+            meta = {"criogen_v0": head.version + 1, "criogen_s0": step, "actor": self.actor}
             token = SEGMENT.set(seg)
             try:
-                new_cfg = await graph.aupdate_state(
-                    {
-                        **target_cfg,
-                        "metadata": {
-                            "criogen_v0": head.version + 1,
-                            "criogen_s0": step,
-                            "actor": self.actor,
-                        },
-                    },
-                    None,
-                )
+                if not target_snap.next and not target_snap.tasks:
+                    # Where a run ended: a new head on top of it.
+                    new_cfg = await graph.aupdate_state({**target_cfg, "metadata": meta}, None)
+                else:
+                    # In the middle of a run: a copy, which keeps the pending tasks (an
+                    # update would drop them); its parent is the checkpoint's parent.
+                    seg.put_metadata = {**meta, "run_id": (target.metadata or {}).get("run_id")}
+                    new_cfg = await graph.aupdate_state(target_cfg, None, as_node="__copy__")
+                    seg.put_metadata = None
+                    if target_snap.interrupts and set(target_snap.next) == {"approval"}:
+                        # Ask for the approval again: only the approval node runs, and
+                        # it stops at once (it has no effects).
+                        await graph.ainvoke(
+                            None, {"configurable": {"thread_id": self.id}}, durability="sync"
+                        )
             finally:
                 SEGMENT.reset(token)
             if seg.audit:

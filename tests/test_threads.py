@@ -352,7 +352,9 @@ async def test_audit_records_who_did_what(storage: Storage, thread_id: str, tmp_
     assert len(decision["approved_args_sha256"]) == 64
     assert all(r["run_id"] == reply.run_id for r in records)
     assert all(r["thread_id"] == thread_id and r["ts_ms"] > 0 for r in records)
-    assert [r["id"] for r in records] == sorted(r["id"] for r in records)
+    # Oldest first by when each was made (two calls running at once may be saved in the
+    # other order, so their row ids need not follow).
+    assert [r["ts_ms"] for r in records] == sorted(r["ts_ms"] for r in records)
 
 
 async def test_hook_state_is_saved_with_the_thread(storage: Storage, thread_id: str) -> None:
@@ -499,3 +501,46 @@ def test_one_agent_across_several_asyncio_runs(
     assert asyncio.run(agent.thread(thread_id).send("b")).text == "two"
     assert len(asyncio.run(agent.thread(thread_id).messages())) == 4
     asyncio.run(agent.storage.close())
+
+
+async def test_rewind_to_where_a_run_waited_for_approval_asks_again(
+    storage: Storage, thread_id: str, tmp_path: Path
+) -> None:
+    thread = approval_agent(storage, tmp_path).thread(thread_id)
+    waiting = await thread.send("refund A-1")
+    assert waiting.needs_approval
+    done = await thread.approve()
+    assert done.text == "handled"
+    assert sorted(ledger_lines(tmp_path)) == ["lookup A-1", "refund A-1"]
+
+    head = await thread.rewind(waiting.checkpoint_id)
+    assert head["status"] == "suspended"
+    assert head["version"] == done.version + 1
+    pending = await thread.pending_approvals()
+    assert [(p.call_id, p.tool) for p in pending] == [
+        (a.call_id, a.tool) for a in waiting.approvals
+    ]
+    # Answered anew, differently this time: the refund is rejected, the lookup runs.
+    again = await thread.reject("not eligible")
+    assert again.text == "handled"
+    assert sorted(ledger_lines(tmp_path)) == ["lookup A-1", "lookup A-1", "refund A-1"]
+    tool_results = [m for m in again.messages if m["role"] == "tool"]
+    assert [m["status"] for m in tool_results] == ["rejected", "ok"]
+
+
+async def test_rewind_into_the_middle_of_a_run_leaves_it_for_retry(
+    storage: Storage, thread_id: str, tmp_path: Path
+) -> None:
+    (tmp_path / "release").touch()
+    thread = tools_agent(storage, tmp_path).thread(thread_id)
+    done = await thread.send("go")
+    mid = next(
+        h for h in await thread.history(limit=50) if h["status"] == "pending" and h["step"] == 1
+    )
+    head = await thread.rewind(mid["id"])
+    assert head["status"] == "pending"
+    with pytest.raises(ValidationError, match="no pending approvals"):
+        await thread.approve()
+    again = await thread.retry()
+    assert again.text == "done"
+    assert [m["role"] for m in again.messages] == [m["role"] for m in done.messages]

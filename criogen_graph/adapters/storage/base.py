@@ -33,6 +33,9 @@ class Segment:
     #: the head in the same segment gets it instead of asking the database again.
     head: Any = None
     head_cached: bool = False
+    #: Metadata to add to each checkpoint the segment saves (a rewind's copy, which
+    #: LangGraph saves without the caller's config metadata).
+    put_metadata: dict[str, Any] | None = None
 
 
 SEGMENT: contextvars.ContextVar[Segment | None] = contextvars.ContextVar(
@@ -113,6 +116,14 @@ def cached_head(config: Any) -> tuple[bool, Any]:
     seg.head_cached = False
     head, seg.head = seg.head, None
     return True, head
+
+
+def segment_metadata(thread_id: str, metadata: Any) -> Any:
+    """`metadata` with what the running segment adds to its checkpoints."""
+    seg = segment_for(thread_id)
+    if seg is None or not seg.put_metadata:
+        return metadata
+    return {**metadata, **seg.put_metadata}
 
 
 def records_for_put(

@@ -23,6 +23,7 @@ from criogen_graph.adapters.storage.base import (
     records_for_put,
     records_for_writes,
     segment_for,
+    segment_metadata,
 )
 
 
@@ -43,8 +44,9 @@ class _Saver(SaverMixin, InMemorySaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        out = self.put(config, checkpoint, metadata, new_versions)
         tid = str(config["configurable"]["thread_id"])
+        metadata = segment_metadata(tid, metadata)
+        out = self.put(config, checkpoint, metadata, new_versions)
         self._backend.append(records_for_put(segment_for(tid), dict(out), metadata))
         return out
 

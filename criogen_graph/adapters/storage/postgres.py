@@ -30,6 +30,7 @@ from criogen_graph.adapters.storage.base import (
     records_for_put,
     records_for_writes,
     segment_for,
+    segment_metadata,
 )
 from criogen_graph.errors import StorageError
 
@@ -143,6 +144,7 @@ def _saver_class() -> type[Any]:
             configurable = config["configurable"]
             thread_id = configurable["thread_id"]
             checkpoint_ns = configurable["checkpoint_ns"]
+            metadata = segment_metadata(str(thread_id), metadata)
             parent_id = configurable.get("checkpoint_id")
             copy = checkpoint.copy()
             copy["channel_values"] = copy["channel_values"].copy()

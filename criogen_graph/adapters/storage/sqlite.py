@@ -44,6 +44,7 @@ from criogen_graph.adapters.storage.base import (
     records_for_put,
     records_for_writes,
     segment_for,
+    segment_metadata,
 )
 from criogen_graph.adapters.storage.locks import FileLocks
 from criogen_graph.errors import StorageError
@@ -155,6 +156,7 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
         await self.setup()
         thread_id = str(config["configurable"]["thread_id"])
         checkpoint_ns = config["configurable"]["checkpoint_ns"]
+        metadata = segment_metadata(thread_id, metadata)
         type_, blob = self.serde.dumps_typed(checkpoint)
         meta = json.dumps(get_checkpoint_metadata(config, metadata), ensure_ascii=False).encode(
             "utf-8", "ignore"
