@@ -18,7 +18,7 @@ from tests.servers.base import LoopbackHandler, RecordingServer, sse
 
 @dataclass
 class Step:
-    kind: str  # "text" | "tool_calls" | "error" | "malformed"
+    kind: str  # "text" | "tool_calls" | "error" | "malformed" | "reset"
     text: str = ""
     calls: list[tuple[str, Any]] = field(default_factory=list)  # args: dict, or raw JSON text
     status: int = 200
@@ -49,6 +49,11 @@ def refusal(message: str = "I can't help with that.") -> Step:
 
 def malformed() -> Step:
     return Step("malformed")
+
+
+def reset() -> Step:
+    """Close the connection without answering."""
+    return Step("reset")
 
 
 def error(
@@ -85,6 +90,8 @@ class OpenAIServer(RecordingServer[Step]):
                     server.release.wait(step.delay)
                 if step.kind == "error":
                     self.send_json(step.status, step.body or {}, step.headers)
+                elif step.kind == "reset":
+                    self.drop()
                 elif step.kind == "malformed":
                     self.send_raw(200, b'{"id": "chatcmpl-x", "choices": [{"message": ')
                 elif body.get("stream"):

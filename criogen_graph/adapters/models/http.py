@@ -216,6 +216,13 @@ class HttpModel(Model):
                 if response.status_code >= 400:
                     text = (await response.aread()).decode("utf-8", "replace")
                     raise self._status_error(response, text)
+                kind = response.headers.get("content-type", "")
+                if not kind.startswith("text/event-stream"):
+                    text = (await response.aread()).decode("utf-8", "replace")
+                    raise self._error(
+                        "transient",
+                        f"asked for a stream, got {kind or 'no content type'}: {text[:200]!r}",
+                    )
                 event: str | None = None
                 data: list[str] = []
                 async for line in response.aiter_lines():

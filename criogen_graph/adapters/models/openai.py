@@ -217,6 +217,9 @@ class OpenAIModel(HttpModel):
                         slot["function"]["arguments"] += fn["arguments"]
                 if choice.get("finish_reason"):
                     finish = choice["finish_reason"]
+        if finish is None:
+            # Every answer ends with a finish_reason; a stream closed before it is cut.
+            raise self._error("connection", "the stream ended before the answer was finished")
         message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
         calls = _calls([partial[i] for i in sorted(partial)])
         if calls:
