@@ -287,7 +287,9 @@ async def _cancel_and_retry(storage: Storage, thread_id: str, tmp_path: Path, ho
         await stream.reply()
     await consumer_done.wait()
     head = (await thread.history(limit=1))[0]
-    assert head["status"] == "cancelled"
+    # "cancelled" when LangGraph saved the cancelled call's error before the run ended,
+    # else "pending" (unfinished); retry() continues it either way.
+    assert head["status"] in ("cancelled", "pending")
     assert not any(x.startswith("slow ") for x in ledger_lines(tmp_path))  # the tool was stopped
     (tmp_path / "release").touch()
     reply = await thread.retry()

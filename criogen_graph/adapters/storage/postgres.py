@@ -5,9 +5,10 @@ on one connection per storage (PostgreSQL releases them if the process dies)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -59,6 +60,25 @@ _SETUP_KEY = 0x6372696F67656E  # "criogen"
 def safe_url(url: str) -> str:
     """The URL without its password, for error messages."""
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def unreachable(url: str, exc: BaseException) -> StorageError:
+    """The error for a server that cannot be reached (or went away mid-call)."""
+    text = str(exc).strip()
+    reason = text.splitlines()[0] if text else type(exc).__name__
+    return StorageError(f"cannot reach PostgreSQL at {safe_url(url)}: {reason}", code="unreachable")
+
+
+@contextlib.contextmanager
+def mapped(url: str) -> Iterator[None]:
+    """Connection failures (a server stopped, restarted or unreachable; a pool that
+    cannot get a connection in time) as `StorageError(code="unreachable")`."""
+    import psycopg
+
+    try:
+        yield
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        raise unreachable(url, exc) from exc
 
 
 def lock_key(thread_id: str) -> int:
@@ -116,20 +136,45 @@ def _saver_class() -> type[Any]:
         rows together: one round trip, atomic) on their own pooled connection, with no
         saver-wide lock and no thread hop."""
 
-        async def _execute(self, sql: str, params: list[Any]) -> None:
+        url: str = ""
+
+        async def _retrying(self, fn: Any) -> Any:
+            """`await fn(connection)` on a pooled connection; one that broke (it idled out
+            behind a proxy, or the server restarted) is retried once on a fresh one, after
+            dropping every pooled connection the server closed. Statements here are
+            idempotent (upserts, reads). A second failure is a StorageError."""
             import psycopg
 
+            pool: Any = self.conn
             for attempt in (1, 2):
                 try:
-                    pool: Any = self.conn
                     async with pool.connection() as conn:
-                        await conn.execute(sql, params, binary=True)
-                    return
-                except psycopg.OperationalError:
-                    # Upserts are idempotent: a connection that broke (say, it idled out
-                    # behind a proxy) is retried once on a fresh one.
+                        return await fn(conn)
+                except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                     if attempt == 2:
-                        raise
+                        raise unreachable(self.url, exc) from exc
+                    with contextlib.suppress(Exception):
+                        await pool.check()
+            raise AssertionError("unreachable")
+
+        async def _execute(self, sql: str, params: list[Any]) -> None:
+            async def run(conn: Any) -> None:
+                await conn.execute(sql, params, binary=True)
+
+            await self._retrying(run)
+
+        async def alist(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            with mapped(self.url):
+                async for item in super().alist(*args, **kwargs):
+                    yield item
+
+        async def adelete_thread(self, thread_id: str) -> None:
+            with mapped(self.url):
+                await super().adelete_thread(thread_id)
+
+        async def aget_delta_channel_history(self, *, config: Any, channels: Any) -> Any:
+            with mapped(self.url):
+                return await super().aget_delta_channel_history(config=config, channels=channels)
 
         async def aput(
             self,
@@ -228,22 +273,14 @@ def _saver_class() -> type[Any]:
                     "WHERE thread_id = %s AND checkpoint_ns = %s "
                     "ORDER BY checkpoint_id DESC LIMIT 1"
                 )
-            import psycopg
             from psycopg.rows import dict_row
 
-            for attempt in (1, 2):
-                try:
-                    pool: Any = self.conn
-                    async with (
-                        pool.connection() as conn,
-                        conn.cursor(binary=True, row_factory=dict_row) as cur,
-                    ):
-                        await cur.execute(self.SELECT_SQL + where, args, binary=True)
-                        value = await cur.fetchone()
-                    break
-                except psycopg.OperationalError:
-                    if attempt == 2:
-                        raise
+            async def read(conn: Any) -> Any:
+                async with conn.cursor(binary=True, row_factory=dict_row) as cur:
+                    await cur.execute(self.SELECT_SQL + where, args, binary=True)
+                    return await cur.fetchone()
+
+            value = await self._retrying(read)
             if value is None:
                 return None
             if value["checkpoint"]["v"] < 4 and value["parent_checkpoint_id"]:
@@ -295,6 +332,16 @@ class PostgresBackend(Backend):
         if url.startswith("postgres://"):
             url = "postgresql://" + url[len("postgres://") :]
         self.url = url
+        # libpq's `connect_timeout` in the URL also bounds the wait for a pooled
+        # connection, so a server that is down fails a call in that time.
+        from urllib.parse import parse_qs, urlsplit
+
+        given = parse_qs(urlsplit(url).query).get("connect_timeout")
+        if given:
+            try:
+                connect_timeout_secs = max(1.0, float(given[-1]))
+            except ValueError:
+                pass  # libpq reports it when connecting
         self._serde = serde
         self._max = max_connections
         self._connect_timeout = connect_timeout_secs
@@ -303,10 +350,7 @@ class PostgresBackend(Backend):
         self._lock_guard = asyncio.Lock()
 
     def _unreachable(self, exc: BaseException) -> StorageError:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return StorageError(
-            f"cannot reach PostgreSQL at {safe_url(self.url)}: {reason}", code="unreachable"
-        )
+        return unreachable(self.url, exc)
 
     async def _connect(self) -> Any:
         import psycopg
@@ -354,6 +398,7 @@ class PostgresBackend(Backend):
         self._pool = pool
         saver = _saver_class()(pool, serde=self._serde)
         saver.transcripts = TranscriptCache()
+        saver.url = self.url
         async with self._lock_guard:
             await self._lock_conn.execute("SELECT pg_advisory_lock(%s)", (_SETUP_KEY,))
             try:
@@ -389,20 +434,31 @@ class PostgresBackend(Backend):
         return conn
 
     async def _try_lock(self, thread_id: str) -> bool:
+        import psycopg
+
         async with self._lock_guard:
-            conn = await self._lock_connection()
-            cur = await conn.execute(
-                "SELECT pg_try_advisory_lock(%s) AS ok", (lock_key(thread_id),)
-            )
-            row = await cur.fetchone()
-            return bool(row and row["ok"])
+            for attempt in (1, 2):
+                conn = await self._lock_connection()
+                try:
+                    cur = await conn.execute(
+                        "SELECT pg_try_advisory_lock(%s) AS ok", (lock_key(thread_id),)
+                    )
+                    row = await cur.fetchone()
+                    return bool(row and row["ok"])
+                except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                    # The server restarted under an idle lock connection: a new one.
+                    await conn.close()
+                    if attempt == 2:
+                        raise self._unreachable(exc) from exc
+            raise AssertionError("unreachable")
 
     async def _unlock(self, thread_id: str) -> None:
         async with self._lock_guard:
             conn = self._lock_conn
             if conn is None or conn.closed or conn.broken:
                 return  # gone with its connection
-            await conn.execute("SELECT pg_advisory_unlock(%s)", (lock_key(thread_id),))
+            with contextlib.suppress(Exception):  # a lost connection took the lock with it
+                await conn.execute("SELECT pg_advisory_unlock(%s)", (lock_key(thread_id),))
 
     async def close(self) -> None:
         if self.store is not None:
@@ -417,14 +473,20 @@ class PostgresBackend(Backend):
             conn, self._lock_conn = self._lock_conn, None
             await conn.close()
 
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Any]:
+        with mapped(self.url):
+            async with self._pool.connection() as conn:
+                yield conn
+
     async def write_audit(self, records: list[dict[str, Any]]) -> None:
         rows = cast(Any, self.saver).audit_rows(records)
-        async with self._pool.connection() as conn, conn.cursor() as cur:
+        async with self._connection() as conn, conn.cursor() as cur:
             await cur.executemany(_INSERT_AUDIT, rows)
 
     async def read_audit(self, thread_id: str | None, limit: int | None) -> list[dict[str, Any]]:
         sql, params = audit_query(thread_id, limit, "%s")
-        async with self._pool.connection() as conn, conn.cursor() as cur:
+        async with self._connection() as conn, conn.cursor() as cur:
             await cur.execute(sql, params)
             rows = await cur.fetchall()
         keys = ("id", "thread_id", "ts_ns", "run_id", "actor", "action", "type", "details")
@@ -432,12 +494,12 @@ class PostgresBackend(Backend):
         return [saver.audit_record([r[k] for k in keys]) for r in reversed(rows)]
 
     async def delete_audit(self, thread_id: str) -> int:
-        async with self._pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute("DELETE FROM criogen_audit WHERE thread_id = %s", (thread_id,))
             return int(cur.rowcount)
 
     async def thread_ids(self) -> list[str]:
-        async with self._pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(
                 "SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_ns = '' "
                 "ORDER BY thread_id"
@@ -445,13 +507,13 @@ class PostgresBackend(Backend):
             return [r["thread_id"] for r in await cur.fetchall()]
 
     async def get_meta(self, key: str) -> bytes | None:
-        async with self._pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute("SELECT value FROM criogen_meta WHERE key = %s", (key,))
             row = await cur.fetchone()
             return bytes(row["value"]) if row else None
 
     async def set_meta(self, key: str, value: bytes) -> None:
-        async with self._pool.connection() as conn:
+        async with self._connection() as conn:
             await conn.execute(
                 "INSERT INTO criogen_meta (key, value) VALUES (%s, %s) "
                 "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",

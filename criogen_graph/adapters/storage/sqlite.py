@@ -322,14 +322,25 @@ def parse_sqlite_url(url: str) -> str:
     return path
 
 
+#: How long opening a file waits for another process's write to finish.
+OPEN_WAIT_SECS = 5.0
+
+
 def _fast_connection(path: str) -> sqlite3.Connection | None:
     """The inline connection (see the module docstring); None for `:memory:`."""
     if path == ":memory:":
         return None
-    fast = sqlite3.connect(path, timeout=0, check_same_thread=False)
-    fast.execute("PRAGMA synchronous=NORMAL")
-    fast.execute("PRAGMA wal_autocheckpoint=0")
-    fast.execute(f"PRAGMA mmap_size={MMAP_BYTES}").fetchall()
+    # Setting it up may wait for another process's write (reading the schema needs the
+    # file); afterwards it never waits: a busy file sends the call to the worker thread.
+    fast = sqlite3.connect(path, timeout=OPEN_WAIT_SECS, check_same_thread=False)
+    try:
+        fast.execute("PRAGMA synchronous=NORMAL")
+        fast.execute("PRAGMA wal_autocheckpoint=0")
+        fast.execute(f"PRAGMA mmap_size={MMAP_BYTES}").fetchall()
+        fast.execute("PRAGMA busy_timeout=0")
+    except BaseException:
+        fast.close()
+        raise
     return fast
 
 
