@@ -140,3 +140,36 @@ def loopback_server() -> Iterator[str]:
     finally:
         server.terminate()
         server.wait()
+
+
+def lc_echo_async() -> Any:
+    """`lc_echo` as an `async def` tool: under `ainvoke` it runs on the event loop (a sync
+    tool runs in a worker thread)."""
+    from langchain_core.tools import tool
+
+    @tool
+    async def echo(text: str) -> str:
+        """Echo the text back."""
+        return text
+
+    return echo
+
+
+def our_agent_async_tool(storage: Any = None, **options: Any) -> Any:
+    """`our_agent` with an `async def` echo tool (no worker-thread hop)."""
+    from criogen_graph import Agent, FakeReply, FunctionModel, tool
+
+    @tool
+    async def echo(text: str) -> str:
+        """Echo the text back."""
+        return text
+
+    state = {"i": 0}
+
+    def script(messages: Any, tools: Any) -> Any:
+        state["i"] += 1
+        if state["i"] % 2:
+            return FakeReply.tool_call("echo", {"text": "hi"}, id=f"call_{state['i']}")
+        return "done"
+
+    return Agent(FunctionModel(script), tools=[echo], storage=storage, **options)
