@@ -11,8 +11,9 @@ a call to `echo`, then "done"):
   PostgreSQL, against `create_agent` with `AsyncSqliteSaver` / `AsyncPostgresSaver`
   (a pool of 10 connections, like ours);
 - resident memory per 1,000 idle threads: memory still held (traced, after a
-  `gc.collect()`) once 1,000 threads have each answered one message, on SQLite (what the
-  process keeps for threads that live in the database) and on `memory://` /
+  `gc.collect()`) once 1,000 threads have each answered one message ("first"), and what
+  1,000 more add ("further": the steady state, once bounded caches are full), on SQLite
+  (what the process keeps for threads that live in the database) and on `memory://` /
   `InMemorySaver` (where the threads themselves live in the process).
 
     python bench/bench_scale.py [--n 1000] [--rounds 3] [--pg URL | --no-pg] [--json out.json]
@@ -111,8 +112,10 @@ async def wall_and_peak(
 
 async def idle_memory(
     make: Callable[[], Awaitable[tuple[Batch, Callable[[], Awaitable[None]]]]], n: int
-) -> float:
-    """MB still allocated after `n` threads each answered one message (traced, after gc)."""
+) -> dict[str, float]:
+    """MB still allocated (traced, after gc) once `n` threads have each answered one
+    message ("first"), and what `n` more threads add on top ("further": the steady-state
+    cost, once bounded caches are full), both scaled to 1,000 threads."""
     batch, close = await make()
     await batch(10)  # first-use imports and caches are not the threads' cost
     gc.collect()
@@ -120,10 +123,14 @@ async def idle_memory(
     before = tracemalloc.get_traced_memory()[0]
     await batch(n)
     gc.collect()
-    after = tracemalloc.get_traced_memory()[0]
+    first = tracemalloc.get_traced_memory()[0]
+    await batch(n)
+    gc.collect()
+    further = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     await close()
-    return (after - before) / 1e6
+    scale = 1000 / n / 1e6
+    return {"first": (first - before) * scale, "further": (further - first) * scale}
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -223,14 +230,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     result["idle_mb_per_1000_threads"] = {
         "criogen_graph SQLite": await idle_memory(
             lambda: ours_on(f"sqlite:///{tmp}/idle.db"), args.n
-        )
-        * 1000
-        / args.n,
-        "create_agent + AsyncSqliteSaver": await idle_memory(lc_sqlite_on, args.n) * 1000 / args.n,
-        "criogen_graph memory://": await idle_memory(lambda: ours_on("memory://"), args.n)
-        * 1000
-        / args.n,
-        "create_agent + InMemorySaver": await idle_memory(lc_memory, args.n) * 1000 / args.n,
+        ),
+        "create_agent + AsyncSqliteSaver": await idle_memory(lc_sqlite_on, args.n),
+        "criogen_graph memory://": await idle_memory(lambda: ours_on("memory://"), args.n),
+        "create_agent + InMemorySaver": await idle_memory(lc_memory, args.n),
     }
     return result
 
@@ -278,9 +281,9 @@ def main() -> None:
         goal = f"   (target <= {target:.2f})" if target else ""
         print(f"  {'ratio wall ours / baseline':44s} {ratio:10.2f}{goal}")
         print(f"  {'ratio peak memory ours / baseline':44s} {mem:10.2f}")
-    print(f"\n{'MB held per 1,000 idle threads':46s} {'MB':>8s}")
+    print(f"\n{'MB held per 1,000 idle threads':46s} {'first':>8s} {'further':>8s}")
     for name, v in result["idle_mb_per_1000_threads"].items():
-        print(f"  {name:44s} {v:8.2f}")
+        print(f"  {name:44s} {v['first']:8.2f} {v['further']:8.2f}")
     result["ratios"] = ratios
     if args.json:
         with open(args.json, "w") as f:

@@ -166,13 +166,19 @@ def rows_scale(d: dict[str, Any]) -> list[Row]:
         )  # fmt: skip
     idle = d["idle_mb_per_1000_threads"]
     for label, ours, base in (
-        ("memory held per 1,000 idle threads, SQLite", "criogen_graph SQLite",
-         "create_agent + AsyncSqliteSaver"),
-        ("memory held per 1,000 idle threads, in memory", "criogen_graph memory://",
-         "create_agent + InMemorySaver"),
-    ):  # fmt: skip
+        ("SQLite", "criogen_graph SQLite", "create_agent + AsyncSqliteSaver"),
+        ("in memory", "criogen_graph memory://", "create_agent + InMemorySaver"),
+    ):
         if ours in idle and base in idle:
-            out.append(ratio_row(label, idle[ours], idle[base], lambda v: f"{v:.1f} MB", None))
+            for key, what in (("first", "first 1,000"), ("further", "each further 1,000")):
+                out.append(
+                    Row(
+                        f"memory held by idle threads, {label}: {what}",
+                        f"{idle[ours][key]:.1f} MB",
+                        f"{idle[base][key]:.1f} MB",
+                        None,
+                    )
+                )
     return out
 
 

@@ -161,3 +161,136 @@ def hammer(url: str, thread_id: str, me: int, sends: int, on_busy: str, go: Any,
         asyncio.run(_hammer(url, thread_id, me, sends, on_busy, go, out))
     except BaseException as exc:
         out.put({"me": me, "error": f"{type(exc).__name__}: {exc}"})
+
+
+# -- approvals across restarts ----------------------------------------------------------
+
+#: The reply that needs approval: one ungated lookup, two gated calls.
+APPROVAL_PLAN: list[tuple[str, dict[str, Any]]] = [
+    ("lookup", {"order": "A-7"}),
+    ("refund", {"amount": 30}),
+    ("charge", {"amount": 5}),
+]
+
+
+def approval_agent(storage: Storage | str, workdir: Path) -> Agent[Any]:
+    """One reply with a lookup (ungated) and two gated calls, `refund` and `charge`, then
+    "done". Each tool writes `start <call_id>` when it begins and, once per call id,
+    `effect <call_id> <tool>:<amount or order>` (what it was run with)."""
+    from criogen_graph import Approval
+
+    async def effect(ctx: ToolContext, what: str) -> str:
+        _append(workdir, f"start {ctx.call_id}")
+        await asyncio.sleep(random.uniform(0, 0.01))
+        if not any(line.startswith(f"effect {ctx.call_id} ") for line in ledger(workdir)):
+            _append(workdir, f"effect {ctx.call_id} {what}")
+        return f"{what} ok"
+
+    @tool
+    async def lookup(order: str, ctx: ToolContext) -> str:
+        """Look an order up."""
+        return await effect(ctx, f"lookup:{order}")
+
+    @tool
+    async def refund(amount: int, ctx: ToolContext) -> str:
+        """Refund an amount."""
+        return await effect(ctx, f"refund:{amount}")
+
+    @tool
+    async def charge(amount: int, ctx: ToolContext) -> str:
+        """Charge an amount."""
+        return await effect(ctx, f"charge:{amount}")
+
+    def script(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        if not any(m["role"] == "assistant" for m in messages):
+            return FakeReply.tool_calls(*APPROVAL_PLAN)
+        return "done"
+
+    return Agent(
+        FunctionModel(script),
+        tools=[lookup, refund, charge],
+        approve=[Approval("refund", description="Refunds need a person"), "charge"],
+        storage=storage,
+    )
+
+
+def approval_decisions(requests: list[Any]) -> dict[str, Any]:
+    """The reviewer's answer: the refund edited down to 25, the charge rejected."""
+    from criogen_graph import Decision
+
+    out: dict[str, Any] = {}
+    for r in requests:
+        if r.tool == "refund":
+            out[r.call_id] = Decision.edit({"amount": 25})
+        else:
+            out[r.call_id] = Decision.reject("not this one")
+    return out
+
+
+async def _suspend(url: str, thread_id: str, workdir: str, out: Any, hold: Any) -> None:
+    storage = Storage(url)
+    await storage.open()
+    reply = await approval_agent(storage, Path(workdir)).thread(thread_id).send("go")
+    out.put(
+        {"needs_approval": reply.needs_approval, "tools": sorted(r.tool for r in reply.approvals)}
+    )
+    await asyncio.to_thread(hold.wait)  # the parent kills this process here
+
+
+def suspend(url: str, thread_id: str, workdir: str, out: Any, hold: Any) -> None:
+    """Child: send until the run waits for approval, report it, then wait to be killed."""
+    try:
+        asyncio.run(_suspend(url, thread_id, workdir, out, hold))
+    except BaseException as exc:
+        out.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+async def _answer(url: str, thread_id: str, workdir: str, started: Any, done: Any) -> None:
+    storage = Storage(url)
+    try:
+        await storage.open()
+        agent = approval_agent(storage, Path(workdir))
+        agent._thread_graph(storage, None)  # compiled before the kill window opens
+        thread = agent.thread(thread_id, actor="reviewer-b")
+        pending = await thread.pending_approvals()
+        started.set()  # the parent may kill this process at a random moment from now on
+        await thread.decide(approval_decisions(pending))
+        done.set()
+    finally:
+        await storage.close()
+
+
+def answer(url: str, thread_id: str, workdir: str, started: Any, done: Any) -> None:
+    """Child: answer the pending approvals (the parent may kill it along the way)."""
+    asyncio.run(_answer(url, thread_id, workdir, started, done))
+
+
+async def finish_approved(url: str, thread_id: str, workdir: Path) -> str:
+    """What a reviewer does in a third process: answer whatever is still pending, else
+    continue the unfinished run. Returns what it did."""
+    from criogen_graph import ValidationError
+
+    storage = Storage(url, on_busy="wait", busy_timeout_secs=30)
+    try:
+        thread = approval_agent(storage, workdir).thread(thread_id, actor="reviewer-c")
+        pending = await thread.pending_approvals()
+        if pending:
+            await thread.decide(approval_decisions(pending))
+            return "answered_again"
+        try:
+            await thread.retry()
+        except ValidationError as exc:
+            if exc.code != "nothing_to_retry":
+                raise
+            return "was_done"
+        return "retried"
+    finally:
+        await storage.close()
+
+
+def finish_child(url: str, thread_id: str, workdir: str, out: Any) -> None:
+    """Child: `finish_approved` in a new process; puts what it did (or its error) on `out`."""
+    try:
+        out.put(asyncio.run(finish_approved(url, thread_id, Path(workdir))))
+    except BaseException as exc:
+        out.put(f"error: {type(exc).__name__}: {exc}")
