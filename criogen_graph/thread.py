@@ -569,6 +569,8 @@ class Thread(Generic[Output]):
                         "recursion_limit": agent._config["recursion_limit"],
                     }
                     values, interrupts = await self._invoke(graph, inp, config, stream)
+                    if seg.deferred:
+                        await backend.flush_deferred(seg)
                     if seg.last_config is not None and "messages" in values:
                         storage.checkpointer.transcripts.remember(  # type: ignore[attr-defined]
                             self.id,
@@ -586,6 +588,9 @@ class Thread(Generic[Output]):
                     )
                     observed.done(result)
             except BaseException as exc:
+                if seg.deferred:
+                    # What the run wrote before it stopped is saved, cancelled or not.
+                    await asyncio.shield(backend.flush_deferred(seg))
                 await self._failed(backend, seg, exc, run_id, values, new_messages or [], state)
                 raise
             finally:

@@ -36,6 +36,17 @@ class Segment:
     #: Metadata to add to each checkpoint the segment saves (a rewind's copy, which
     #: LangGraph saves without the caller's config metadata).
     put_metadata: dict[str, Any] | None = None
+    #: Writes a saver held back to save in one statement with the next checkpoint (see
+    #: `DEFERRABLE_TASKS`); whatever is left when the segment ends is flushed then.
+    deferred: list[Any] = field(default_factory=list)
+
+
+#: The tasks whose writes a saver may hold back until the checkpoint that closes their
+#: step, to save both in one round trip: the graph's entry and the model node. Neither
+#: has side effects, so a crash in between costs at most a repeated model call, exactly
+#: as a crash just before the write would. Tool results (and interrupts) are always
+#: saved the moment their task finishes, so a finished tool call is never run again.
+DEFERRABLE_TASKS = frozenset({"~__pregel_pull, __start__", "~__pregel_pull, model"})
 
 
 SEGMENT: contextvars.ContextVar[Segment | None] = contextvars.ContextVar(
@@ -250,6 +261,10 @@ class Backend:
 
     async def write_audit(self, records: list[dict[str, Any]]) -> None:
         raise NotImplementedError
+
+    async def flush_deferred(self, seg: Segment) -> None:
+        """Save the writes the saver held back for `seg` (none unless it defers)."""
+        seg.deferred = []
 
     async def read_audit(self, thread_id: str | None, limit: int | None) -> list[dict[str, Any]]:
         raise NotImplementedError

@@ -23,8 +23,10 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from criogen_graph.adapters.storage.base import (
+    DEFERRABLE_TASKS,
     Backend,
     SaverMixin,
+    Segment,
     TranscriptCache,
     audit_query,
     cached_head,
@@ -215,15 +217,23 @@ def _saver_class() -> type[Any]:
                 records_for_put(segment_for(str(thread_id)), dict(next_config), metadata)
             )
             meta = Jsonb(get_serializable_checkpoint_metadata(config, metadata))
-            sql, params = _statement(
-                (
-                    _CHECKPOINTS,
-                    _CHECKPOINTS_CONFLICT,
-                    [(thread_id, checkpoint_ns, checkpoint["id"], parent_id, Jsonb(copy), meta)],
-                ),
+            seg = segment_for(str(thread_id))
+            row = (thread_id, checkpoint_ns, checkpoint["id"], parent_id, Jsonb(copy), meta)
+            parts: list[Insert] = [
+                (_CHECKPOINTS, _CHECKPOINTS_CONFLICT, [row]),
                 (_BLOBS, _BLOBS_CONFLICT, blobs),
                 (_AUDIT, "", audit),
-            )
+            ]
+            if seg is not None and not checkpoint_ns:
+                if metadata.get("source") == "input":
+                    # The checkpoint of a new input is followed at once by the one that
+                    # applies it (step 0, before any model call): both go in together.
+                    seg.deferred.extend(parts)
+                    return next_config
+                # The writes of this step's task go in with the checkpoint that closes it.
+                parts.extend(seg.deferred)
+                seg.deferred = []
+            sql, params = _statement(*parts)
             await self._execute(sql, params)
             return next_config
 
@@ -248,11 +258,24 @@ def _saver_class() -> type[Any]:
                 task_path,
                 writes,
             )
-            audit = self.audit_rows(
-                records_for_writes(segment_for(str(configurable["thread_id"])), writes)
-            )
-            sql, params = _statement((_WRITES, conflict, list(rows)), (_AUDIT, "", audit))
+            seg = segment_for(str(configurable["thread_id"]))
+            audit = self.audit_rows(records_for_writes(seg, writes))
+            parts: list[Insert] = [(_WRITES, conflict, list(rows)), (_AUDIT, "", audit)]
+            top = not configurable["checkpoint_ns"]
+            if seg is not None and top and task_path in DEFERRABLE_TASKS:
+                seg.deferred.extend(parts)
+                return
+            sql, params = _statement(*parts)
             await self._execute(sql, params)
+
+        async def flush_deferred(self, seg: Segment) -> None:
+            """Save the writes held back for `seg` whose checkpoint never came (the run
+            stopped in between)."""
+            parts = [p for p in seg.deferred if p[2]]
+            seg.deferred = []
+            if parts:
+                sql, params = _statement(*parts)
+                await self._execute(sql, params)
 
         async def aget_tuple(self, config: RunnableConfig) -> Any:
             hit, head = cached_head(config)
@@ -478,6 +501,9 @@ class PostgresBackend(Backend):
         with mapped(self.url):
             async with self._pool.connection() as conn:
                 yield conn
+
+    async def flush_deferred(self, seg: Segment) -> None:
+        await self.saver.flush_deferred(seg)  # type: ignore[attr-defined]
 
     async def write_audit(self, records: list[dict[str, Any]]) -> None:
         rows = cast(Any, self.saver).audit_rows(records)
