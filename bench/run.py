@@ -5,7 +5,7 @@ side in one process, in interleaved blocks), collects their `--json` results and
 one table: measure, criogen_graph, baseline, ratio, target. Each script's own detailed
 output is kept in the log directory.
 
-    python bench/run.py                 # full settings (about 15 minutes on 2 cores)
+    python bench/run.py                 # full settings (about 8 minutes on 2 cores)
     python bench/run.py --quick         # smaller samples (about 4 minutes)
     python bench/run.py --no-pg         # skip PostgreSQL
     python bench/run.py --markdown out.md --only peers,storage
@@ -36,6 +36,11 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
     "storage": ([], ["--blocks", "3", "--runs", "12", "--warmup", "10"]),
     "scale": ([], ["--rounds", "1"]),
     "fresh": ([], ["--samples", "3"]),
+    # Its per-turn figures repeat bench_peers'; the table takes its import times.
+    "core": (
+        ["--blocks", "4", "--runs", "20"],
+        ["--blocks", "2", "--runs", "10", "--imports", "5"],
+    ),
     "observe": ([], ["--blocks", "4", "--runs", "40", "--warmup", "40"]),
     "providers": ([], ["--blocks", "4", "--runs", "40", "--warmup", "20"]),
 }
@@ -198,6 +203,20 @@ def rows_fresh(d: dict[str, Any]) -> list[Row]:
     ]  # fmt: skip
 
 
+def rows_core(d: dict[str, Any]) -> list[Row]:
+    imp = d["import_ms"]
+
+    def fmt(v: float) -> str:
+        return f"{v:.0f} ms"
+
+    return [
+        ratio_row("import `criogen_graph` vs `from langgraph.graph import StateGraph`",
+                  imp["criogen_graph"], imp["langgraph (graph API)"], fmt, 1.10),
+        ratio_row("import `criogen_graph` vs `import langchain.agents`",
+                  imp["criogen_graph"], imp["langchain.agents"], fmt, None),
+    ]  # fmt: skip
+
+
 def rows_observe(d: dict[str, Any]) -> list[Row]:
     t = d["ms_per_turn"]
     return [
@@ -223,6 +242,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "storage": rows_storage,
     "scale": rows_scale,
     "fresh": rows_fresh,
+    "core": rows_core,
     "observe": rows_observe,
     "providers": rows_providers,
 }
