@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import multiprocessing
 import random
 import signal
 import time
@@ -24,21 +23,9 @@ from criogen_graph import Storage
 from tests.conftest import storage_url
 from tests.reliability._report import report
 from tests.reliability._workers import APPROVAL_PLAN, approval_agent, ledger
+from tests.reliability.conftest import run_child
 
 TRIALS = 15
-
-
-@pytest.fixture(scope="module")
-def forkserver() -> Any:
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["tests.reliability._workers"])
-    return ctx
-
-
-def run_child(ctx: Any, target: Any, *args: Any) -> Any:
-    proc = ctx.Process(target=target, args=args)
-    proc.start()
-    return proc
 
 
 def sha(args: dict[str, Any]) -> str:

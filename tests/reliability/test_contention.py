@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import multiprocessing
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,13 +19,6 @@ from tests.reliability._workers import echo_agent
 
 PROCESSES = 4
 SENDS = 25
-
-
-@pytest.fixture(scope="module")
-def forkserver() -> Any:
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["tests.reliability._workers"])
-    return ctx
 
 
 @pytest.mark.timeout(600)

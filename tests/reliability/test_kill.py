@@ -5,7 +5,6 @@ every tool effect happens exactly once (tools keyed by their stable call ids).""
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import random
 import signal
 import time
@@ -20,15 +19,9 @@ from criogen_graph import Storage
 from tests.conftest import storage_url
 from tests.reliability._report import report
 from tests.reliability._workers import PLAN, kill_agent, ledger
+from tests.reliability.conftest import run_child
 
 TRIALS = 50
-
-
-@pytest.fixture(scope="module")
-def forkserver() -> Any:
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["tests.reliability._workers"])
-    return ctx
 
 
 async def saved_results(url: str, thread_id: str) -> set[str]:
@@ -56,12 +49,6 @@ async def final_messages(url: str, thread_id: str) -> list[dict[str, Any]]:
         return await kill_agent(storage, Path()).thread(thread_id).messages()
     finally:
         await storage.close()
-
-
-def run_child(ctx: Any, target: Any, *args: Any) -> Any:
-    proc = ctx.Process(target=target, args=args)
-    proc.start()
-    return proc
 
 
 @pytest.mark.timeout(600)
