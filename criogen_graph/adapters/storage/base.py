@@ -38,7 +38,7 @@ class Segment:
     put_metadata: dict[str, Any] | None = None
     #: Writes a saver held back to save in one statement with the next checkpoint (see
     #: `DEFERRABLE_TASKS`); whatever is left when the segment ends is flushed then.
-    deferred: list[Any] = field(default_factory=list)
+    deferred: list[tuple[str, str, list[tuple[Any, ...]]]] = field(default_factory=list)
 
 
 #: The tasks whose writes a saver may hold back until the checkpoint that closes their

@@ -213,11 +213,9 @@ def _saver_class() -> type[Any]:
                     blob_values[k] = copy["channel_values"].pop(k)
             blob_versions = {k: v for k, v in new_versions.items() if k in blob_values}
             blobs = self._dump_blobs(thread_id, checkpoint_ns, blob_values, blob_versions)
-            audit = self.audit_rows(
-                records_for_put(segment_for(str(thread_id)), dict(next_config), metadata)
-            )
-            meta = Jsonb(get_serializable_checkpoint_metadata(config, metadata))
             seg = segment_for(str(thread_id))
+            audit = self.audit_rows(records_for_put(seg, dict(next_config), metadata))
+            meta = Jsonb(get_serializable_checkpoint_metadata(config, metadata))
             row = (thread_id, checkpoint_ns, checkpoint["id"], parent_id, Jsonb(copy), meta)
             parts: list[Insert] = [
                 (_CHECKPOINTS, _CHECKPOINTS_CONFLICT, [row]),
