@@ -119,6 +119,19 @@ def our_agent(storage: Any = None, **options: Any) -> Any:
     return Agent(FunctionModel(script), tools=[echo], storage=storage, **options)
 
 
+def precompile() -> None:
+    """Byte-compile criogen_graph, as `pip install .` does. From an editable install with
+    PYTHONDONTWRITEBYTECODE set, every fresh process would otherwise compile our sources
+    again while the baselines load the .pyc files pip wrote for them."""
+    import compileall
+    import importlib.util
+
+    spec = importlib.util.find_spec("criogen_graph")
+    assert spec is not None and spec.submodule_search_locations
+    for path in spec.submodule_search_locations:
+        compileall.compile_dir(path, quiet=1)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

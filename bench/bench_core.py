@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import interleaved, lc_echo, machine, our_agent, scripted_chat_model
+from _common import interleaved, lc_echo, machine, our_agent, precompile, scripted_chat_model
 
 
 def make_create_agent() -> Callable[[], Awaitable[None]]:
@@ -101,6 +101,7 @@ def main() -> None:
     result: dict[str, Any] = {"machine": machine(), "ms_per_turn": per_turn, "ratio": ratio}
 
     if args.imports:
+        precompile()
         stmts = {
             "criogen_graph": "import criogen_graph",
             "langgraph (graph API)": "from langgraph.graph import StateGraph",

@@ -28,7 +28,7 @@ import tempfile
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import machine
+from _common import machine, precompile
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -117,6 +117,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     print("# machine:", json.dumps(machine()))
+    precompile()
     tmp = tempfile.mkdtemp(prefix="criogen-fresh-")
     names = list(VARIANTS)
     for name in names:  # once each untimed, so .pyc files exist for every side

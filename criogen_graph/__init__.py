@@ -4,12 +4,11 @@ The small `Agent` / `Thread` / `Reply` / `Hook` API; underneath, a real LangGrap
 (`agent.graph`) with `model`, `approval` and `tools` nodes.
 """
 
+from typing import TYPE_CHECKING
+
 from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
-from criogen_graph.adapters.models.fake import FakeModel, FakeReply, FunctionModel, RecordingModel
 from criogen_graph.agent import Agent, AgentTool
 from criogen_graph.approvals import Approval
-from criogen_graph.documents import CollectionTool
-from criogen_graph.env import load_env
 from criogen_graph.errors import (
     CancelledError,
     CriogenError,
@@ -30,28 +29,44 @@ from criogen_graph.hooks import (
     ToolCall,
     ToolResult,
 )
-from criogen_graph.memory import Memory, MemoryView
 from criogen_graph.options import Limits, Retry
 from criogen_graph.redact import Redactor
 from criogen_graph.results import ApprovalRequest, Decision, Reply, RunResult
-from criogen_graph.storage import Storage
-from criogen_graph.stream import (
-    ApprovalNeededEvent,
-    MessageEvent,
-    OtherEvent,
-    Stream,
-    StreamEvent,
-    TextEvent,
-    ToolCallFinishedEvent,
-    ToolCallStartedEvent,
-)
 from criogen_graph.telemetry import Telemetry
-from criogen_graph.thread import Thread
 from criogen_graph.tools import Tool, ToolContext, ToolSource, tool
+
+if TYPE_CHECKING:
+    from criogen_graph.adapters.models.anthropic import AnthropicModel, anthropic
+    from criogen_graph.adapters.models.fake import (
+        FakeModel,
+        FakeReply,
+        FunctionModel,
+        RecordingModel,
+    )
+    from criogen_graph.adapters.models.gemini import GeminiModel, gemini
+    from criogen_graph.adapters.models.openai import OpenAIModel, azure, openai, openrouter
+    from criogen_graph.documents import CollectionTool
+    from criogen_graph.env import load_env
+    from criogen_graph.mcp import McpServer, McpServerError, McpTool
+    from criogen_graph.memory import Memory, MemoryView
+    from criogen_graph.storage import Storage
+    from criogen_graph.stream import (
+        ApprovalNeededEvent,
+        MessageEvent,
+        OtherEvent,
+        Stream,
+        StreamEvent,
+        TextEvent,
+        ToolCallFinishedEvent,
+        ToolCallStartedEvent,
+    )
+    from criogen_graph.thread import Thread
 
 __version__ = "0.1.0"
 
-# Provider factories load httpx on first use, so `import criogen_graph` stays fast.
+# Loaded on first use, so `import criogen_graph` pays only for what an agent needs:
+# provider factories (httpx), MCP, storage and threads (LangGraph's savers), streams,
+# memory and documents.
 _LAZY = {
     "openai": "criogen_graph.adapters.models.openai",
     "openrouter": "criogen_graph.adapters.models.openai",
@@ -64,6 +79,29 @@ _LAZY = {
     "McpServer": "criogen_graph.mcp",
     "McpServerError": "criogen_graph.mcp",
     "McpTool": "criogen_graph.mcp",
+    "FakeModel": "criogen_graph.adapters.models.fake",
+    "FakeReply": "criogen_graph.adapters.models.fake",
+    "FunctionModel": "criogen_graph.adapters.models.fake",
+    "RecordingModel": "criogen_graph.adapters.models.fake",
+    "CollectionTool": "criogen_graph.documents",
+    "load_env": "criogen_graph.env",
+    "Memory": "criogen_graph.memory",
+    "MemoryView": "criogen_graph.memory",
+    "Storage": "criogen_graph.storage",
+    "Thread": "criogen_graph.thread",
+    **dict.fromkeys(
+        (
+            "ApprovalNeededEvent",
+            "MessageEvent",
+            "OtherEvent",
+            "Stream",
+            "StreamEvent",
+            "TextEvent",
+            "ToolCallFinishedEvent",
+            "ToolCallStartedEvent",
+        ),
+        "criogen_graph.stream",
+    ),
 }
 
 
@@ -73,7 +111,13 @@ def __getattr__(name: str) -> object:
         raise AttributeError(f"module 'criogen_graph' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
 
 
 __all__ = [
