@@ -4,15 +4,15 @@ OTLP/HTTP (extra `otel`). Spans follow the OpenTelemetry GenAI semantic conventi
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import random
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from criogen_graph._otlp import KIND_CLIENT, KIND_INTERNAL, STATUS_ERROR, Finished
 from criogen_graph.errors import ValidationError
 from criogen_graph.redact import CURRENT
 
@@ -143,50 +143,99 @@ SPANS: ContextVar[Spans | None] = ContextVar("criogen_spans", default=None)
 
 
 class _Export:
-    """The OpenTelemetry SDK's batch processor and OTLP/HTTP exporter, fed finished spans.
+    """The OpenTelemetry SDK's `BatchSpanProcessor` (batching, the background thread,
+    flush, shutdown) feeding our OTLP/HTTP exporter (`_otlp`: its own protobuf encoder,
+    httpx, retries).
 
-    Spans are recorded by `Spans` as plain objects and handed over as the SDK's
-    `ReadableSpan` when they end: the SDK's own live spans clean and lock every attribute
-    on every call, which costs more than a whole agent turn's bookkeeping. Export
-    (batching, encoding, retries, the background thread) is the SDK's."""
+    Spans are recorded as plain objects (`_Live`) and queued as they are when they end:
+    the SDK's own live spans clean and lock every attribute on every call, and its
+    encoder builds a protobuf object per attribute, which together cost more than a whole
+    agent turn's bookkeeping."""
 
     def __init__(self, telemetry: Telemetry) -> None:
         try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
-            from opentelemetry.sdk.util.instrumentation import InstrumentationScope
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise ValidationError(
                 "telemetry needs OpenTelemetry: pip install 'criogen-graph[otel]'",
                 code="missing_dependency",
             ) from exc
         from criogen_graph import __version__
+        from criogen_graph._otlp import Encoder, OtlpHttpExporter
 
-        exporter = OTLPSpanExporter(
-            endpoint=telemetry.endpoint, headers=telemetry.headers, timeout=telemetry.timeout_secs
+        # Resource.create adds the SDK's telemetry.sdk.* attributes and OTEL_RESOURCE_ATTRIBUTES.
+        resource = Resource.create({"service.name": telemetry.service_name})
+        self.exporter = OtlpHttpExporter(
+            telemetry.endpoint,
+            telemetry.headers,
+            telemetry.timeout_secs,
+            Encoder(resource.attributes, "criogen_graph", __version__, resource.schema_url),
         )
         self.processor = BatchSpanProcessor(
-            exporter, schedule_delay_millis=500, max_queue_size=16384
+            self.exporter,  # type: ignore[arg-type]  # the SpanExporter protocol, not the class
+            schedule_delay_millis=500,
+            max_queue_size=16384,
         )
-        self.resource = Resource.create({"service.name": telemetry.service_name})
-        self.scope = InstrumentationScope("criogen_graph", __version__)
 
 
-class _Live:
-    """A span being recorded."""
+class _Otel:
+    """The OpenTelemetry API functions a span needs, imported once (the extra is optional)."""
 
-    __slots__ = ("attributes", "context", "events", "kind", "name", "parent", "start", "status")
+    __slots__ = (
+        "SpanContext",
+        "attach",
+        "detach",
+        "get_current_span",
+        "sampled",
+        "set_span",
+        "wrap",
+    )
 
-    def __init__(self, name: str, kind: Any, context: Any, parent: Any, attributes: Any) -> None:
-        self.name = name
-        self.kind = kind
-        self.context = context
-        self.parent = parent
-        self.attributes = attributes
-        self.events: list[Any] = []
-        self.status: Any = None
-        self.start = time.time_ns()
+    def __init__(self) -> None:
+        from opentelemetry import context, trace
+        from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+        self.SpanContext = SpanContext
+        self.get_current_span = trace.get_current_span
+        self.set_span = trace.set_span_in_context
+        self.wrap = NonRecordingSpan
+        self.attach = context.attach
+        self.detach = context.detach
+        self.sampled = TraceFlags(TraceFlags.SAMPLED)
+
+
+_OTEL: _Otel | None = None
+
+
+class _Live(Finished):
+    """A span being recorded: `with spans.span(...) as live:` makes it the current span
+    for the code it wraps, and queues it for export when that code ends."""
+
+    __slots__ = ("_processor", "_spans", "_token")
+
+    _processor: Any
+    _spans: Spans
+    _token: Any
+
+    def __enter__(self) -> _Live:
+        otel = _OTEL
+        assert otel is not None
+        self._token = otel.attach(otel.set_span(otel.wrap(self.context)))
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        otel = _OTEL
+        assert otel is not None
+        otel.detach(self._token)
+        if exc is not None:
+            from langgraph.errors import GraphBubbleUp
+
+            if not isinstance(exc, GraphBubbleUp):  # a stop for approval is not an error
+                self.attributes["error.type"] = type(exc).__name__
+                self.status = (STATUS_ERROR, self._spans.text(str(exc))[:500])
+        self.end = time.time_ns()
+        self._processor.on_end(self)
 
 
 class Spans:
@@ -207,14 +256,15 @@ class Spans:
         for k, v in attributes.items():
             if v is None:
                 continue
-            if isinstance(v, str):
+            kind = type(v)
+            if kind is str:
                 if redactor is not None:
                     v = redactor.redact(v)
-            elif isinstance(v, list | tuple):
+            elif kind is list or kind is tuple:
                 # OTLP arrays hold one type; ours are lists of names and ids.
                 v = tuple(redactor.redact(str(x)) if redactor is not None else str(x) for x in v)
             elif not isinstance(v, bool | int | float):
-                v = str(v)
+                v = redactor.redact(str(v)) if redactor is not None else str(v)
             out[k] = v
         return out
 
@@ -226,72 +276,36 @@ class Spans:
         redactor = CURRENT.get() or self.redactor
         return redactor.redact(text) if redactor is not None else text
 
-    @contextlib.contextmanager
-    def span(
-        self, name: str, attributes: Mapping[str, Any], *, kind: str = "internal"
-    ) -> Iterator[_Live]:
-        from opentelemetry import context as otel_context
-        from opentelemetry import trace
-        from opentelemetry.sdk.trace import ReadableSpan
-        from opentelemetry.trace import (
-            NonRecordingSpan,
-            SpanContext,
-            SpanKind,
-            Status,
-            StatusCode,
-            TraceFlags,
-        )
-
-        export = self.telemetry.exporter
-        # The parent is whatever span is current: ours (a run, a tool call) or the
-        # application's own (a web request); the span is made current for the code it
-        # wraps, so spans of instrumented libraries called by tools nest under it.
-        current = trace.get_current_span().get_span_context()
-        parent: SpanContext | None = current if current.is_valid else None
-        if parent is not None:
-            trace_id, flags = parent.trace_id, parent.trace_flags
+    def span(self, name: str, attributes: Mapping[str, Any], *, kind: str = "internal") -> _Live:
+        """A span named `name`, to be entered with `with`. Its parent is whatever span is
+        current: ours (a run, a tool call) or the application's own (a web request); it is
+        made current for the code it wraps, so spans of instrumented libraries called by
+        tools nest under it."""
+        global _OTEL
+        otel = _OTEL
+        if otel is None:
+            otel = _OTEL = _Otel()
+        processor = self.telemetry.exporter.processor
+        current = otel.get_current_span().get_span_context()
+        if current.is_valid:
+            parent, trace_id, flags = current, current.trace_id, current.trace_flags
         else:
-            trace_id, flags = random.getrandbits(128), TraceFlags(TraceFlags.SAMPLED)
-        context = SpanContext(trace_id, random.getrandbits(64), False, flags)
-        live = _Live(
-            name,
-            SpanKind.CLIENT if kind == "client" else SpanKind.INTERNAL,
-            context,
-            parent,
-            self.clean(attributes),
-        )
-        token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(context)))
-        try:
-            yield live
-        except BaseException as exc:
-            from langgraph.errors import GraphBubbleUp
-
-            if not isinstance(exc, GraphBubbleUp):  # a stop for approval is not an error
-                live.attributes["error.type"] = type(exc).__name__
-                live.status = Status(StatusCode.ERROR, self.text(str(exc))[:500])
-            raise
-        finally:
-            otel_context.detach(token)
-            export.processor.on_end(
-                ReadableSpan(
-                    live.name,
-                    context=context,
-                    parent=live.parent,
-                    resource=export.resource,
-                    attributes=live.attributes,
-                    events=live.events,
-                    kind=live.kind,
-                    status=live.status or Status(StatusCode.UNSET),
-                    start_time=live.start,
-                    end_time=time.time_ns(),
-                    instrumentation_scope=export.scope,
-                )
-            )
+            parent, trace_id, flags = None, random.getrandbits(128), otel.sampled
+        live = _Live()
+        live.context = otel.SpanContext(trace_id, random.getrandbits(64), False, flags)
+        live.parent = parent
+        live.name = name
+        live.kind = KIND_CLIENT if kind == "client" else KIND_INTERNAL
+        live.attributes = self.clean(attributes)
+        live.events = []
+        live.status = None
+        live._spans = self
+        live._processor = processor
+        live.start = time.time_ns()
+        return live
 
     def event(self, span: _Live, name: str, attributes: Mapping[str, Any]) -> None:
-        from opentelemetry.sdk.trace import Event
-
-        span.events.append(Event(name, self.clean(attributes), time.time_ns()))
+        span.events.append((name, time.time_ns(), self.clean(attributes)))
 
     def set(self, span: _Live, attributes: Mapping[str, Any]) -> None:
         span.attributes.update(self.clean(attributes))

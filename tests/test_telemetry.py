@@ -353,3 +353,119 @@ async def test_spans_made_inside_a_tool_nest_under_its_execute_tool_span(rx: Otl
     assert inner.parent is not None
     assert f"{inner.parent.span_id:016x}" == call.span_id
     assert f"{inner.context.trace_id:032x}" == call.trace_id
+
+
+def test_our_encoding_is_the_message_the_sdk_encoder_would_send() -> None:
+    """The exporter writes the OTLP protobuf itself (the SDK's encoder was the largest cost
+    of a traced turn); decoded, it must be exactly what the SDK's `encode_spans` makes of
+    the same spans: every value type, events, error status, remote and local parents."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+    from criogen_graph._otlp import Encoder, Finished
+
+    resource = Resource.create({"service.name": "svc", "deployment.environment": "test"})
+    sampled = TraceFlags(TraceFlags.SAMPLED)
+    root = SpanContext(2**127 + 5, 2**63 + 7, False, sampled)
+    remote = SpanContext(99, 1234, True, sampled)
+    attributes: list[dict[str, Any]] = [
+        {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.usage.input_tokens": 161,
+            "big": 2**62,
+            "negative": -3,
+            "zero": 0,
+            "ratio": 0.25,
+            "yes": True,
+            "no": False,
+            "reasons": ("stop", "tool_calls"),
+            "empty": "",
+            "unicode": "café ✓ 日本",
+            "long": "x" * 5000,
+        },
+        {"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 7},  # cached values
+        {},
+    ]
+    ours: list[Finished] = []
+    sdk: list[ReadableSpan] = []
+    for i, (attrs, parent) in enumerate(zip(attributes, [None, root, remote], strict=True)):
+        context = SpanContext(root.trace_id, 1000 + i, False, sampled)
+        events = [("gen_ai.retry", 1_700_000_000_000_000_001 + i, {"attempt": 2, "why": "429"})]
+        status = (2, "boom: ✗") if i == 1 else None
+        span = Finished()
+        span.context, span.parent, span.name, span.kind = context, parent, f"span {i}", 1 + 2 * i
+        span.start, span.end = 1_700_000_000_000_000_000 + i, 1_700_000_000_500_000_000 + i
+        span.attributes, span.events, span.status = attrs, events, status
+        ours.append(span)
+        sdk.append(
+            ReadableSpan(
+                span.name,
+                context=context,
+                parent=parent,
+                resource=resource,
+                attributes=attrs,
+                events=[Event(n, a, t) for n, t, a in events],
+                kind=[SpanKind.INTERNAL, SpanKind.CLIENT, SpanKind.CONSUMER][i],
+                status=Status(StatusCode.ERROR, "boom: ✗") if status else Status(StatusCode.UNSET),
+                start_time=span.start,
+                end_time=span.end,
+                instrumentation_scope=InstrumentationScope("criogen_graph", "1.2.3"),
+            )
+        )
+    encoder = Encoder(resource.attributes, "criogen_graph", "1.2.3", resource.schema_url)
+    for _ in range(2):  # the second time from the cache
+        mine = ExportTraceServiceRequest.FromString(encoder.request(ours))
+        assert mine == encode_spans(sdk)
+    assert len(mine.resource_spans[0].scope_spans[0].spans) == 3
+
+
+async def test_the_export_retries_what_otlp_calls_retryable(rx: OtlpReceiver) -> None:
+    rx.refuse = [(503, {"retry-after": "0"}), (429, {"retry-after": "0"})]
+    telemetry = otlp(rx)
+    await Agent(FakeModel([FakeReply.text("hi")]), telemetry=telemetry).run("hello")
+    assert one(exported(telemetry, rx), "invoke_agent agent")
+    assert rx.answered == [503, 429, 200]
+
+
+async def test_a_refused_batch_is_dropped_and_logged_and_export_goes_on(
+    rx: OtlpReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    rx.refuse = [(400, {})]
+    telemetry = otlp(rx)
+    agent = Agent(FakeModel([FakeReply.text("one"), FakeReply.text("two")]), telemetry=telemetry)
+    with caplog.at_level("ERROR", logger="criogen_graph.telemetry"):
+        await agent.run("first")
+        assert telemetry.flush(10)
+    assert rx.answered == [400], "a 400 is not retried"
+    assert rx.spans == []
+    assert any(
+        "refused" in r.getMessage() and rx.url in r.getMessage() and "HTTP 400" in r.getMessage()
+        for r in caplog.records
+    ), caplog.text
+    await agent.run("second")
+    assert [s.name for s in exported(telemetry, rx)] == ["chat fake", "invoke_agent agent"]
+
+
+async def test_an_unreachable_collector_costs_the_run_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    telemetry = Telemetry(f"http://127.0.0.1:{port}/v1/traces", timeout_secs=0.5)
+    try:
+        agent = Agent(FakeModel([FakeReply.text("hi")]), telemetry=telemetry)
+        with caplog.at_level("ERROR", logger="criogen_graph.telemetry"):
+            assert (await agent.run("hello")).text == "hi"
+            assert telemetry.flush(10)
+        assert any("could not export" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        telemetry.shutdown()

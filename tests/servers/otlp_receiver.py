@@ -43,6 +43,12 @@ class OtlpReceiver:
         self.resources: list[dict[str, Any]] = []
         #: Exporters pointed here, for the test to shut down (`Telemetry` objects).
         self.users: list[Any] = []
+        #: Answers to give before accepting again: (status, headers) per request, in order.
+        self.refuse: list[tuple[int, dict[str, str]]] = []
+        #: Every request's status as answered.
+        self.answered: list[int] = []
+        #: The raw bodies accepted.
+        self.bodies: list[bytes] = []
         self._lock = threading.Lock()
         receiver = self
 
@@ -56,6 +62,16 @@ class OtlpReceiver:
                 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                with receiver._lock:
+                    refusal = receiver.refuse.pop(0) if receiver.refuse else None
+                    receiver.answered.append(refusal[0] if refusal else 200)
+                if refusal is not None:
+                    self.send_response(refusal[0])
+                    for name, value in refusal[1].items():
+                        self.send_header(name, value)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
                 request = trace_service_pb2.ExportTraceServiceRequest()
                 request.ParseFromString(body)
                 records = []
@@ -78,6 +94,7 @@ class OtlpReceiver:
                             )
                 with receiver._lock:
                     receiver.spans.extend(records)
+                    receiver.bodies.append(body)
                     receiver.paths.append(self.path)
                     receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
                 data = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
