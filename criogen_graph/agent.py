@@ -24,6 +24,7 @@ from criogen_graph.errors import (
 )
 from criogen_graph.hooks import HookAction, HookContext, HookFailedError, call_hook, compile_hooks
 from criogen_graph.nodes.approval import APPROVAL_INTERRUPT
+from criogen_graph.nodes.model import API_RUN
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.nodes.state import new_run
 from criogen_graph.nodes.tools import ToolOutput
@@ -317,11 +318,11 @@ class Agent(Generic[Output]):
                 "run": new_run(run_id, hook_states),
                 "state": run_state,
             }
-            out = await graph.ainvoke(
-                inp,
-                self._config,
-                version="v2",
-            )
+            api_run = API_RUN.set(True)
+            try:
+                out = await graph.ainvoke(inp, self._config, version="v2")
+            finally:
+                API_RUN.reset(api_run)
             values = out.value
             result = self._result(values, out.interrupts, run_id, started)
         except asyncio.CancelledError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from criogen_graph.errors import (
     ValidationError,
 )
 from criogen_graph.nodes.approval import APPROVAL_INTERRUPT, check_decisions
-from criogen_graph.nodes.model import STREAM_FLAG, not_run_messages
+from criogen_graph.nodes.model import API_RUN, STREAM_SINK, not_run_messages
 from criogen_graph.nodes.state import new_run
 from criogen_graph.redact import CURRENT, effective
 from criogen_graph.results import ApprovalRequest, Decision, Reply
@@ -633,28 +634,40 @@ class Thread(Generic[Output]):
     async def _invoke(
         self, graph: Any, inp: Any, config: RunnableConfig, stream: Stream[Output] | None
     ) -> tuple[dict[str, Any], tuple[Any, ...]]:
-        """Run the graph: `ainvoke`, or `astream` turning the nodes' custom stream parts into
-        events. Both return the final values and the interrupts.
+        """Run the graph with `ainvoke`; a streamed run hands the nodes a sink that turns
+        their payloads into events of `stream` as they are written. Returns the final
+        values and the interrupts.
 
         Durability is "sync": each step is saved before the next one starts, so no tool
         runs with a call id that a crash could take back (the model would be asked again
         and answer with other ids), and a finished step is never lost."""
+        api_run = API_RUN.set(True)
+        try:
+            return await self._run_graph(graph, inp, config, stream)
+        finally:
+            API_RUN.reset(api_run)
+
+    async def _run_graph(
+        self, graph: Any, inp: Any, config: RunnableConfig, stream: Stream[Output] | None
+    ) -> tuple[dict[str, Any], tuple[Any, ...]]:
         if stream is None:
             out = await graph.ainvoke(inp, config, version="v2", durability="sync")
             return out.value, out.interrupts
-        config["configurable"][STREAM_FLAG] = True
-        values: dict[str, Any] = {}
-        interrupts: tuple[Any, ...] = ()
-        async for part in graph.astream(
-            inp, config, stream_mode=["custom", "values"], version="v2", durability="sync"
-        ):
-            if part["type"] == "custom":
-                event = to_event(part["data"])
-                if event is not None:
-                    stream.emit(event)
-            elif part["type"] == "values":
-                values = part["data"]
-                interrupts += tuple(part.get("interrupts") or ())
+        loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
+
+        def sink(payload: dict[str, Any]) -> None:
+            event = to_event(payload)
+            if event is None:
+                return
+            if threading.get_ident() == loop_thread:
+                stream.emit(event)
+            else:  # a model or tool that writes from a thread of its own
+                loop.call_soon_threadsafe(stream.emit, event)
+
+        config["configurable"][STREAM_SINK] = sink
+        out = await graph.ainvoke(inp, config, version="v2", durability="sync")
+        values, interrupts = out.value, out.interrupts
         requests = [
             ApprovalRequest.from_dict(r)
             for intr in interrupts

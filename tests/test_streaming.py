@@ -444,3 +444,48 @@ async def audit_of(storage: Storage, thread_id: str) -> tuple[list[Any], list[An
         (r for r in records if r["action"] == "tool_call"), key=lambda r: r["details"]["call_id"]
     )
     return actions, calls
+
+
+async def test_the_raw_graph_streams_the_same_payloads_in_langgraphs_custom_mode() -> None:
+    """`agent.graph` run by LangGraph itself (a notebook, LangGraph's server) carries the
+    events of `thread.stream` as dicts in the `custom` stream mode, and only there."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    agent = Agent(
+        FakeModel(
+            [
+                FakeReply.tool_call("lookup", {"order_id": "A-1"}, id="c1"),
+                FakeReply.text("It shipped.", chunks=["It ", "shipped."]),
+                FakeReply.text("Still shipped."),
+            ]
+        ),
+        tools=[lookup],
+    )
+    graph = agent.graph.copy(update={"checkpointer": InMemorySaver()})
+    config = {"configurable": {"thread_id": "raw"}}
+    parts = [
+        p
+        async for p in graph.astream(
+            {"messages": [{"role": "user", "content": "where is A-1?"}]},
+            config,
+            stream_mode="custom",
+        )
+    ]
+    assert "".join(p["text"] for p in parts if p["type"] == "text") == "It shipped."
+    started = [p for p in parts if p["type"] == "tool_call_started"]
+    assert [(p["tool"], p["call_id"]) for p in started] == [("lookup", "c1")]
+    assert [p["message"]["role"] for p in parts if p["type"] == "message"] == [
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    # Asked for values only, the caller gets values only.
+    values = [
+        p
+        async for p in graph.astream(
+            {"messages": [{"role": "user", "content": "again"}]},
+            {"configurable": {"thread_id": "raw-2"}},
+            stream_mode="values",
+        )
+    ]
+    assert values[-1]["messages"][-1]["content"] == "Still shipped."

@@ -215,6 +215,32 @@ async def test_a_support_thread_stops_for_approval_and_resumes_with_a_json_answe
     assert history[-1]["metadata"]["source"] == "input"
 
 
+async def test_the_server_streams_our_events_in_the_custom_mode(client: Any) -> None:
+    """What `thread.stream` yields, the server streams as `custom` events: the answer's
+    text as it is written, each tool call started and finished, each finished message."""
+    thread_id = (await client.threads.create())["thread_id"]
+    parts = [
+        chunk.data
+        async for chunk in client.runs.stream(
+            thread_id,
+            "support",
+            input={"messages": [{"role": "user", "content": "Where is order A-1?"}]},
+            stream_mode="custom",
+        )
+        if chunk.event == "custom"
+    ]
+    kinds = [p["type"] for p in parts]
+    assert ("tool_call_started", "get_order") in [(p["type"], p.get("tool")) for p in parts]
+    finished = [p for p in parts if p["type"] == "tool_call_finished"]
+    assert [(p["tool"], p["status"]) for p in finished] == [("get_order", "ok")]
+    text = "".join(p["text"] for p in parts if p["type"] == "text")
+    assert text.startswith("Here is the order:")
+    messages = [p["message"] for p in parts if p["type"] == "message"]
+    assert [m["role"] for m in messages] == ["assistant", "tool", "assistant"]
+    assert messages[-1]["content"] == text
+    assert kinds.index("tool_call_started") < kinds.index("tool_call_finished")
+
+
 async def test_a_refund_rejected_from_studio_does_not_run(client: Any) -> None:
     thread_id = (await client.threads.create())["thread_id"]
     out = await client.runs.wait(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from types import MappingProxyType
 from typing import Any
 
@@ -23,16 +24,30 @@ from criogen_graph.redact import redact_messages
 from criogen_graph.results import empty_usage
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
-#: Set in a run's `configurable` when it is streamed: the nodes then emit events.
-STREAM_FLAG = "__criogen_stream"
+#: Set in a run's `configurable` by `Thread.stream`: a function the nodes hand their
+#: event payloads to directly (no LangGraph stream queue, no thread-safe hand-over per
+#: event).
+STREAM_SINK = "__criogen_stream_sink"
+#: True while our API (`Agent.run`, a thread's calls) runs the graph: unless it streams,
+#: the nodes build no events. A graph run by LangGraph itself (`agent.graph.astream(...)`,
+#: LangGraph's server, Studio) writes them to LangGraph's `custom` stream mode, which
+#: drops them unless the caller asked for that mode.
+API_RUN: ContextVar[bool] = ContextVar("criogen_api_run", default=False)
 Writer = Callable[[Any], None]
 
 
 def stream_writer(config: RunnableConfig) -> Writer | None:
     """The stream writer when the run is streamed, else None (no event is built)."""
-    if (config.get("configurable") or {}).get(STREAM_FLAG):
-        return get_stream_writer()
-    return None
+    configurable = config.get("configurable") or _EMPTY
+    sink: Writer | None = configurable.get(STREAM_SINK)
+    if sink is not None:
+        # Only the streamed graph's own nodes write to it: an agent run inside one (as a
+        # tool, in a hook) is a subgraph, with a nested namespace ("tools:..|model:..")
+        # and the same `configurable`, and LangGraph's stream leaves subgraphs out too.
+        return None if "|" in configurable.get("checkpoint_ns", "") else sink
+    if API_RUN.get():
+        return None
+    return get_stream_writer()
 
 
 def step_of(config: RunnableConfig) -> int | None:
