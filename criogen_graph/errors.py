@@ -162,6 +162,8 @@ class ThreadBusyError(CriogenError):
 
 
 class StorageError(CriogenError):
-    """The storage cannot be opened, read or written (bad URL, unreachable database, ...)."""
+    """The storage cannot be opened, read or written (bad URL, unreachable database, ...).
+    `code` says which: `unreachable`, `lock_lost` (PostgreSQL ended the session holding the
+    thread's lock mid-run; nothing more was written, `retry()` continues), ..."""
 
     code = "storage_error"

@@ -590,8 +590,18 @@ class Thread(Generic[Output]):
                     observed.done(result)
             except BaseException as exc:
                 if seg.deferred:
-                    # What the run wrote before it stopped is saved, cancelled or not.
-                    await asyncio.shield(backend.flush_deferred(seg))
+                    # What the run wrote before it stopped is saved, cancelled or not;
+                    # if that fails too, the run's own error is the one to report.
+                    try:
+                        await asyncio.shield(backend.flush_deferred(seg))
+                    except Exception as flush_exc:
+                        import logging
+
+                        logging.getLogger("criogen_graph").warning(
+                            "could not save the last writes of the stopped run on thread %r: %s",
+                            self.id,
+                            flush_exc,
+                        )
                 await self._failed(backend, seg, exc, run_id, values, new_messages or [], state)
                 raise
             finally:

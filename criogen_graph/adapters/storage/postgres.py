@@ -139,6 +139,9 @@ def _saver_class() -> type[Any]:
         saver-wide lock and no thread hop."""
 
         url: str = ""
+        #: `await fence(thread_id)` before a write of a run: raises when the lock the run
+        #: took on the thread is gone (`PostgresBackend._check_lock`).
+        fence: Any = None
 
         async def _retrying(self, fn: Any) -> Any:
             """`await fn(connection)` on a pooled connection; one that broke (it idled out
@@ -222,6 +225,8 @@ def _saver_class() -> type[Any]:
                 (_BLOBS, _BLOBS_CONFLICT, blobs),
                 (_AUDIT, "", audit),
             ]
+            if seg is not None:
+                await self.fence(seg.thread_id)
             if seg is not None and not checkpoint_ns:
                 if metadata.get("source") == "input":
                     # The checkpoint of a new input is followed at once by the one that
@@ -263,6 +268,8 @@ def _saver_class() -> type[Any]:
             if seg is not None and top and task_path in DEFERRABLE_TASKS:
                 seg.deferred.extend(parts)
                 return
+            if seg is not None:
+                await self.fence(seg.thread_id)
             sql, params = _statement(*parts)
             await self._execute(sql, params)
 
@@ -272,6 +279,7 @@ def _saver_class() -> type[Any]:
             parts = [p for p in seg.deferred if p[2]]
             seg.deferred = []
             if parts:
+                await self.fence(seg.thread_id)
                 sql, params = _statement(*parts)
                 await self._execute(sql, params)
 
@@ -369,6 +377,9 @@ class PostgresBackend(Backend):
         self._pool: Any = None
         self._lock_conn: Any = None
         self._lock_guard = asyncio.Lock()
+        #: The connection each lock this process holds was taken on: the lock lives and
+        #: dies with that session.
+        self._held: dict[str, Any] = {}
 
     def _unreachable(self, exc: BaseException) -> StorageError:
         return unreachable(self.url, exc)
@@ -429,6 +440,7 @@ class PostgresBackend(Backend):
                         await conn.execute(stmt)
             finally:
                 await self._lock_conn.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_KEY,))
+        saver.fence = self._check_lock
         self.saver = saver
         self.try_lock = self._try_lock
         self.unlock = self._unlock
@@ -465,7 +477,10 @@ class PostgresBackend(Backend):
                         "SELECT pg_try_advisory_lock(%s) AS ok", (lock_key(thread_id),)
                     )
                     row = await cur.fetchone()
-                    return bool(row and row["ok"])
+                    if row and row["ok"]:
+                        self._held[thread_id] = conn
+                        return True
+                    return False
                 except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                     # The server restarted under an idle lock connection: a new one.
                     await conn.close()
@@ -473,10 +488,45 @@ class PostgresBackend(Backend):
                         raise self._unreachable(exc) from exc
             raise AssertionError("unreachable")
 
+    async def _check_lock(self, thread_id: str) -> None:
+        """Raise `StorageError(code="lock_lost")` if the session that holds this process's
+        lock on the thread has ended (the server ended it, or restarted): PostgreSQL
+        released the lock with it, another process may be running the thread, and a
+        write now could fork it. Checked before each write of a run: a closed session is
+        seen at once, one the server ended while idle by the message it left on the
+        socket (a system call; no round trip unless something is there)."""
+        conn = self._held.get(thread_id)
+        if conn is None:
+            return  # not locked here (LangGraph's server, a fork of the graph)
+        if not (conn.closed or conn.broken):
+            import select
+
+            try:
+                readable = select.select([conn.pgconn.socket], [], [], 0)[0]
+            except (OSError, ValueError):  # pragma: no cover - a closed socket
+                readable = [True]
+            if not readable:
+                return
+            import psycopg
+
+            try:
+                async with self._lock_guard:
+                    await conn.execute("SELECT 1")
+                return  # only a notice: the session is alive
+            except (psycopg.OperationalError, psycopg.InterfaceError):
+                pass
+        raise StorageError(
+            f"the lock on thread {thread_id!r} was lost: PostgreSQL ended the session "
+            "that held it, so another process may be running the thread; this run stopped "
+            "before writing anything more, and retry() continues it from what was saved",
+            code="lock_lost",
+        )
+
     async def _unlock(self, thread_id: str) -> None:
         async with self._lock_guard:
+            held = self._held.pop(thread_id, None)
             conn = self._lock_conn
-            if conn is None or conn.closed or conn.broken:
+            if conn is None or conn.closed or conn.broken or held is not conn:
                 return  # gone with its connection
             with contextlib.suppress(Exception):  # a lost connection took the lock with it
                 await conn.execute("SELECT pg_advisory_unlock(%s)", (lock_key(thread_id),))

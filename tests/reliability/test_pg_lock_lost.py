@@ -1,0 +1,92 @@
+"""A run whose PostgreSQL lock session is ended under it (an administrator's
+`pg_terminate_backend`, `idle_session_timeout`, a proxy dropping an idle connection):
+PostgreSQL releases the thread's lock with the session, so another worker may take the
+thread. The run must write nothing more (a write could fork the thread) and say why;
+`retry()` continues from what was saved."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from criogen_graph import Agent, FakeReply, FunctionModel, Storage, StorageError, tool
+from tests.conftest import PG_URL, require_postgres
+from tests.reliability._report import report
+
+
+def _saved_rows(thread_id: str) -> tuple[int, int]:
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        checkpoints = conn.execute(
+            "SELECT count(*) FROM checkpoints WHERE thread_id = %s", (thread_id,)
+        ).fetchone()
+        writes = conn.execute(
+            "SELECT count(*) FROM checkpoint_writes WHERE thread_id = %s", (thread_id,)
+        ).fetchone()
+    assert checkpoints is not None and writes is not None
+    return checkpoints[0], writes[0]
+
+
+def _terminate(pid: int) -> None:
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()
+    assert row is not None and row[0], f"backend {pid} was not terminated"
+
+
+@pytest.mark.timeout(120)
+async def test_a_run_that_lost_its_lock_writes_nothing_more_and_retry_completes() -> None:
+    require_postgres()
+    started, release = asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    @tool
+    async def slow(order_id: str) -> str:
+        """Check an order (slowly)."""
+        ran.append(order_id)
+        started.set()
+        await release.wait()
+        return f"{order_id} checked"
+
+    def script(messages: list[dict[str, Any]], tools: Any) -> Any:
+        if messages[-1]["role"] == "user":
+            return FakeReply.tool_call("slow", {"order_id": "A-1"})
+        return "all done"
+
+    thread_id = f"lock-lost-{uuid.uuid4().hex[:8]}"
+    storage = Storage(PG_URL)
+    other = Storage(PG_URL)  # another worker on the same database
+    try:
+        agent = Agent(FunctionModel(script), tools=[slow], storage=storage)
+        thread = agent.thread(thread_id)
+        run = asyncio.create_task(thread.send("check A-1"))
+        await asyncio.wait_for(started.wait(), 30)
+
+        backend: Any = storage._backend
+        lock_session = backend._held[thread_id]
+        await asyncio.to_thread(_terminate, lock_session.info.backend_pid)
+        before = await asyncio.to_thread(_saved_rows, thread_id)
+
+        # The lock went with the session: another worker can take the thread now.
+        await other.open()
+        other_backend: Any = other._backend
+        assert await other_backend.try_lock(thread_id)
+        await other_backend.unlock(thread_id)
+
+        release.set()  # the tool finishes; its result must not be written
+        with pytest.raises(StorageError) as info:
+            await asyncio.wait_for(run, 30)
+        assert info.value.code == "lock_lost"
+        assert thread_id in str(info.value) and "retry()" in str(info.value)
+        assert await asyncio.to_thread(_saved_rows, thread_id) == before
+
+        reply = await thread.retry()
+        assert reply.text == "all done"
+        assert [m["role"] for m in reply.messages] == ["user", "assistant", "tool", "assistant"]
+        assert ran == ["A-1", "A-1"]  # the unsaved result was not kept: the call ran again
+        report("postgres_lock_lost", runs=1, completed=1, code=str(info.value.code))
+    finally:
+        await storage.close()
+        await other.close()
