@@ -13,6 +13,7 @@ and compares it with the SDK's encoding of the same spans)."""
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -215,13 +216,13 @@ class OtlpHttpExporter:
         self.endpoint = endpoint
         self.timeout_secs = timeout_secs
         self.encoder = encoder
+        self.headers = {**headers, "content-type": "application/x-protobuf"}
         import httpx  # here: `import criogen_graph` should not pay for it
 
+        self._httpx = httpx
         self._transport_error = httpx.TransportError
-        self._client = httpx.Client(
-            timeout=timeout_secs,
-            headers={**headers, "content-type": "application/x-protobuf"},
-        )
+        self._client = httpx.Client(timeout=timeout_secs, headers=self.headers)
+        self._pid = os.getpid()
         self._stopping = threading.Event()
 
     def export(self, spans: Sequence[Any]) -> Any:
@@ -238,6 +239,11 @@ class OtlpHttpExporter:
 
     def _post(self, body: bytes) -> bool:
         deadline = time.monotonic() + self.timeout_secs
+        if os.getpid() != self._pid:
+            # A forked worker: the parent's pooled connections are not ours to use (the
+            # batch processor starts its thread again after a fork; this is its client).
+            self._client = self._httpx.Client(timeout=self.timeout_secs, headers=self.headers)
+            self._pid = os.getpid()
         for attempt in range(_MAX_ATTEMPTS):
             retry_after: float | None = None
             try:

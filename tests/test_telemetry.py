@@ -3,6 +3,7 @@ receiver on 127.0.0.1 that decodes the protobuf bodies."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import uuid
 from collections.abc import Iterator
@@ -469,3 +470,41 @@ async def test_an_unreachable_collector_costs_the_run_nothing(
         assert any("could not export" in r.getMessage() for r in caplog.records), caplog.text
     finally:
         telemetry.shutdown()
+
+
+def _run_in_forked_child(telemetry: Telemetry, out: Any) -> None:
+    import asyncio as aio
+
+    agent = Agent(FakeModel([FakeReply.text("from the child")]), telemetry=telemetry)
+    aio.run(agent.run("hello from the child"))
+    out.put(telemetry.flush(10))
+
+
+async def test_a_forked_worker_exports_its_spans_on_a_connection_of_its_own(
+    rx: OtlpReceiver,
+) -> None:
+    """Pre-fork servers (gunicorn, multiprocessing) fork after the agent is made: the
+    child's spans leave on its own HTTP connection, not on the parent's pooled one."""
+    import multiprocessing
+
+    telemetry = otlp(rx)
+    agent = Agent(
+        FakeModel([FakeReply.text("from the parent"), FakeReply.text("again")]),
+        telemetry=telemetry,
+    )
+    await agent.run("hello from the parent")
+    assert telemetry.flush(10)  # the parent now has a pooled connection to the receiver
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_run_in_forked_child, args=(telemetry, out))
+    child.start()
+    assert await asyncio.to_thread(out.get, True, 30) is True
+    await asyncio.to_thread(child.join, 30)
+    assert child.exitcode == 0
+    await agent.run("hello again from the parent")
+    assert telemetry.flush(10)
+    runs = [s for s in rx.spans if s.name == "invoke_agent agent"]
+    assert len(runs) == 3
+    assert len({s.trace_id for s in runs}) == 3
+    parent, forked, _ = rx.peers
+    assert forked != parent, "the child posted on the parent's connection"

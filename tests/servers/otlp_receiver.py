@@ -49,6 +49,8 @@ class OtlpReceiver:
         self.answered: list[int] = []
         #: The raw bodies accepted.
         self.bodies: list[bytes] = []
+        #: The client's (host, port) of every request, in order: which connection it used.
+        self.peers: list[tuple[str, int]] = []
         self._lock = threading.Lock()
         receiver = self
 
@@ -63,6 +65,7 @@ class OtlpReceiver:
 
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 with receiver._lock:
+                    receiver.peers.append(self.client_address[:2])
                     refusal = receiver.refuse.pop(0) if receiver.refuse else None
                     receiver.answered.append(refusal[0] if refusal else 200)
                 if refusal is not None:
