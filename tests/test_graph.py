@@ -10,7 +10,7 @@ from langgraph.config import get_config
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command
 
-from criogen_graph import Agent, FakeModel, FakeReply, HookContext, ToolCall, tool
+from criogen_graph import Agent, FakeModel, FakeReply, FunctionModel, HookContext, ToolCall, tool
 
 
 @tool
@@ -97,6 +97,47 @@ async def test_approval_is_a_langgraph_interrupt_answered_with_plain_json() -> N
     tools = [m for m in out.value["messages"] if m["role"] == "tool"]
     assert [m["content"] for m in tools] == ["refunded A-1", "x"]
     assert out.value["messages"][-1]["content"] == "refunded"
+
+
+async def test_a_new_message_instead_of_an_approval_answers_the_pending_calls() -> None:
+    """Driven by LangGraph itself (Studio), a thread waiting for approval can be given a
+    new message instead of an answer: LangGraph drops the pending approval, and the
+    calls it held get a "Not run" result, so the transcript stays one any provider takes
+    (every call answered before the next user message) and the thread goes on."""
+    seen: list[list[dict[str, Any]]] = []
+
+    def script(messages: list[dict[str, Any]], tools: Any) -> Any:
+        seen.append(messages)
+        if len(seen) == 1:
+            return FakeReply.tool_calls(("refund", {"order_id": "A-1"}), ("echo", {"text": "x"}))
+        return "What else can I do?"
+
+    agent = Agent(FunctionModel(script), tools=[refund, echo], approve=["refund"])
+    graph = agent.graph.builder.compile(checkpointer=InMemorySaver())
+    cfg: dict[str, Any] = {"configurable": {"thread_id": "moved-on"}}
+    out = await graph.ainvoke(
+        {"messages": [{"role": "user", "content": "refund A-1"}]}, cfg, version="v2"
+    )
+    assert out.interrupts
+    out = await graph.ainvoke(
+        {"messages": [{"role": "user", "content": "actually, never mind"}]}, cfg, version="v2"
+    )
+    assert out.interrupts == ()
+    roles = [(m["role"], m.get("status")) for m in out.value["messages"]]
+    assert roles == [
+        ("user", None),
+        ("assistant", None),
+        ("tool", "skipped"),
+        ("tool", "skipped"),
+        ("user", None),
+        ("assistant", None),
+    ]
+    assert all(m["content"].startswith("Not run") for m in out.value["messages"][2:4])
+    # What the model was given: each call answered before the next user message.
+    asked = seen[-1]
+    calls = {c["id"] for c in asked[1]["tool_calls"]}
+    assert {m["tool_call_id"] for m in asked[2:4]} == calls
+    assert asked[4]["content"] == "actually, never mind"
 
 
 async def test_raw_inputs_work_like_studio_sends_them() -> None:

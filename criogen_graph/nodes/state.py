@@ -80,15 +80,51 @@ def append_messages(state: list[dict[str, Any]], writes: Sequence[Any]) -> list[
     `DeltaChannel` into LangChain messages (`ensure_message_ids`), and the transcript is
     meant to stay plain dicts. Lists (from Studio, or tuples read back from a checkpoint)
     are normalized here.
+
+    A user message that arrives while the last assistant message has calls without a
+    result (a graph driven by LangGraph itself, e.g. Studio, given a new message instead
+    of an answer to a pending approval) first gets a "Not run" result for each of them:
+    providers refuse a transcript with unanswered calls, and the thread would be stuck.
     """
     out = list(state)
     for w in writes:
-        if type(w) is tuple or type(w) is list:
-            for m in w:
-                out.append(m if type(m) is dict and "role" in m else normalize_message(m))
-        else:
-            out.append(w if type(w) is dict and "role" in w else normalize_message(w))
+        for m in w if type(w) is tuple or type(w) is list else (w,):
+            if type(m) is not dict or "role" not in m:
+                m = normalize_message(m)
+            if m["role"] == "user" and out:
+                pending = _unanswered(out)
+                if pending:
+                    out.extend(_not_run(pending))
+            out.append(m)
     return out
+
+
+def _unanswered(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The calls of the last assistant message that have no result after it."""
+    answered: set[Any] = set()
+    for m in reversed(messages):
+        role = m.get("role")
+        if role == "tool":
+            answered.add(m.get("tool_call_id"))
+        elif role == "assistant":
+            calls = m.get("tool_calls")
+            return [c for c in calls if c.get("id") not in answered] if calls else []
+        else:
+            return []
+    return []
+
+
+def _not_run(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "role": "tool",
+            "tool_call_id": c.get("id"),
+            "name": c.get("name"),
+            "content": "Not run: a new message arrived before this call ran",
+            "status": "skipped",
+        }
+        for c in calls
+    ]
 
 
 def merge_run(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
