@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -20,8 +20,8 @@ from criogen_graph.errors import (
     ValidationError,
 )
 from criogen_graph.nodes.approval import APPROVAL_INTERRUPT, check_decisions
-from criogen_graph.nodes.model import API_RUN, STREAM_SINK, not_run_messages
-from criogen_graph.nodes.state import new_run
+from criogen_graph.nodes.model import API_RUN, STREAM_SINK
+from criogen_graph.nodes.state import new_run, not_run_messages
 from criogen_graph.redact import CURRENT, effective
 from criogen_graph.results import ApprovalRequest, Decision, Reply
 from criogen_graph.stream import ApprovalNeededEvent, MessageEvent, Stream, to_event
@@ -651,33 +651,16 @@ class Thread(Generic[Output]):
         Durability is "sync": each step is saved before the next one starts, so no tool
         runs with a call id that a crash could take back (the model would be asked again
         and answer with other ids), and a finished step is never lost."""
+        if stream is not None:
+            config["configurable"][STREAM_SINK] = _sink(stream)
         api_run = API_RUN.set(True)
         try:
-            return await self._run_graph(graph, inp, config, stream)
+            out = await graph.ainvoke(inp, config, version="v2", durability="sync")
         finally:
             API_RUN.reset(api_run)
-
-    async def _run_graph(
-        self, graph: Any, inp: Any, config: RunnableConfig, stream: Stream[Output] | None
-    ) -> tuple[dict[str, Any], tuple[Any, ...]]:
-        if stream is None:
-            out = await graph.ainvoke(inp, config, version="v2", durability="sync")
-            return out.value, out.interrupts
-        loop = asyncio.get_running_loop()
-        loop_thread = threading.get_ident()
-
-        def sink(payload: dict[str, Any]) -> None:
-            event = to_event(payload)
-            if event is None:
-                return
-            if threading.get_ident() == loop_thread:
-                stream.emit(event)
-            else:  # a model or tool that writes from a thread of its own
-                loop.call_soon_threadsafe(stream.emit, event)
-
-        config["configurable"][STREAM_SINK] = sink
-        out = await graph.ainvoke(inp, config, version="v2", durability="sync")
         values, interrupts = out.value, out.interrupts
+        if stream is None:
+            return values, interrupts
         requests = [
             ApprovalRequest.from_dict(r)
             for intr in interrupts
@@ -775,3 +758,21 @@ def _entry(tup: CheckpointTuple) -> dict[str, Any]:
         "step": meta.get("step"),
         "created_at_ms": _ms(tup.checkpoint.get("ts")),
     }
+
+
+def _sink(stream: Stream[Any]) -> Callable[[dict[str, Any]], None]:
+    """What the nodes of a streamed run hand their event payloads to: each becomes an
+    event of `stream` at once (from a thread of a model's or tool's own, via the loop)."""
+    loop = asyncio.get_running_loop()
+    loop_thread = threading.get_ident()
+
+    def sink(payload: dict[str, Any]) -> None:
+        event = to_event(payload)
+        if event is None:
+            return
+        if threading.get_ident() == loop_thread:
+            stream.emit(event)
+        else:
+            loop.call_soon_threadsafe(stream.emit, event)
+
+    return sink

@@ -19,7 +19,13 @@ from criogen_graph.adapters.models.base import Model, ModelRequest, ModelRespons
 from criogen_graph.errors import ModelError, ValidationError
 from criogen_graph.hooks import HookAction, HookContext, HookFailedError, call_hook
 from criogen_graph.nodes.spec import AgentSpec
-from criogen_graph.nodes.state import add_usage, new_run, normalize_message, tool_ran
+from criogen_graph.nodes.state import (
+    add_usage,
+    new_run,
+    normalize_message,
+    not_run_messages,
+    tool_ran,
+)
 from criogen_graph.redact import redact_messages
 from criogen_graph.results import empty_usage
 
@@ -129,21 +135,6 @@ def _memory_store() -> Any:
             code="invalid_value",
         )
     return store
-
-
-def not_run_messages(calls: list[dict[str, Any]], reason: str) -> list[dict[str, Any]]:
-    """Tool messages for calls that will not run, so the transcript stays well-formed
-    (every call answered) for the next turn."""
-    return [
-        {
-            "role": "tool",
-            "tool_call_id": c["id"],
-            "name": c["name"],
-            "content": f"Not run: {reason}",
-            "status": "skipped",
-        }
-        for c in calls
-    ]
 
 
 class ModelNode:

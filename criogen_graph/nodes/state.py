@@ -94,7 +94,7 @@ def append_messages(state: list[dict[str, Any]], writes: Sequence[Any]) -> list[
             if m["role"] == "user" and out:
                 pending = _unanswered(out)
                 if pending:
-                    out.extend(_not_run(pending))
+                    out.extend(not_run_messages(pending, "a new message arrived before it ran"))
             out.append(m)
     return out
 
@@ -114,13 +114,15 @@ def _unanswered(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return []
 
 
-def _not_run(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def not_run_messages(calls: list[dict[str, Any]], reason: str) -> list[dict[str, Any]]:
+    """Tool messages for calls that will not run, so the transcript stays well-formed
+    (every call answered) for the next turn."""
     return [
         {
             "role": "tool",
-            "tool_call_id": c.get("id"),
-            "name": c.get("name"),
-            "content": "Not run: a new message arrived before this call ran",
+            "tool_call_id": c["id"],
+            "name": c["name"],
+            "content": f"Not run: {reason}",
             "status": "skipped",
         }
         for c in calls
