@@ -36,8 +36,25 @@ def _terminate(pid: int) -> None:
     assert row is not None and row[0], f"backend {pid} was not terminated"
 
 
+def _take_over(thread_id: str) -> None:
+    """What another process taking the thread's lock does to the lock's epoch."""
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        cur = conn.execute(
+            "UPDATE criogen_locks SET epoch = epoch + 1 WHERE thread_id = %s", (thread_id,)
+        )
+    assert cur.rowcount == 1
+
+
 @pytest.mark.timeout(120)
-async def test_a_run_that_lost_its_lock_writes_nothing_more_and_retry_completes() -> None:
+@pytest.mark.parametrize("how", ["session terminated", "taken over unseen"])
+async def test_a_run_that_lost_its_lock_writes_nothing_more_and_retry_completes(
+    how: str,
+) -> None:
+    """`session terminated`: the server ends the session holding the lock (the run sees
+    it on the session's socket). `taken over unseen`: the lock's epoch moves on while the
+    session looks alive (a loss the run cannot see, e.g. a network that dropped the
+    session silently and another worker that took the lock): the database refuses the
+    run's next write."""
     require_postgres()
     started, release = asyncio.Event(), asyncio.Event()
     ran: list[str] = []
@@ -65,15 +82,17 @@ async def test_a_run_that_lost_its_lock_writes_nothing_more_and_retry_completes(
         await asyncio.wait_for(started.wait(), 30)
 
         backend: Any = storage._backend
-        lock_session = backend._held[thread_id]
-        await asyncio.to_thread(_terminate, lock_session.info.backend_pid)
+        lock_session, _ = backend._held[thread_id]
+        if how == "session terminated":
+            await asyncio.to_thread(_terminate, lock_session.info.backend_pid)
+            # The lock went with the session: another worker can take the thread now.
+            await other.open()
+            other_backend: Any = other._backend
+            assert await other_backend.try_lock(thread_id)
+            await other_backend.unlock(thread_id)
+        else:
+            await asyncio.to_thread(_take_over, thread_id)
         before = await asyncio.to_thread(_saved_rows, thread_id)
-
-        # The lock went with the session: another worker can take the thread now.
-        await other.open()
-        other_backend: Any = other._backend
-        assert await other_backend.try_lock(thread_id)
-        await other_backend.unlock(thread_id)
 
         release.set()  # the tool finishes; its result must not be written
         with pytest.raises(StorageError) as info:
@@ -86,7 +105,7 @@ async def test_a_run_that_lost_its_lock_writes_nothing_more_and_retry_completes(
         assert reply.text == "all done"
         assert [m["role"] for m in reply.messages] == ["user", "assistant", "tool", "assistant"]
         assert ran == ["A-1", "A-1"]  # the unsaved result was not kept: the call ran again
-        report("postgres_lock_lost", runs=1, completed=1, code=str(info.value.code))
+        report("postgres_lock_lost", how=how, runs=1, completed=1, code=str(info.value.code))
     finally:
         await storage.close()
         await other.close()

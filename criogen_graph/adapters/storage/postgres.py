@@ -50,7 +50,37 @@ _SCHEMA = [
     )""",
     "CREATE INDEX IF NOT EXISTS criogen_audit_thread ON criogen_audit (thread_id, id)",
     "CREATE TABLE IF NOT EXISTS criogen_meta (key TEXT PRIMARY KEY, value BYTEA NOT NULL)",
+    # A thread's lock epoch: raised each time a process takes the thread's lock. A run
+    # writes only while the epoch is the one it took the lock with (`criogen_fence`).
+    # Unlogged: raising it costs no WAL flush; a server crash empties it, which fails the
+    # fence of every run of before the crash (whose lock sessions died with it anyway).
+    "CREATE UNLOGGED TABLE IF NOT EXISTS criogen_locks "
+    "(thread_id TEXT PRIMARY KEY, epoch BIGINT NOT NULL)",
+    # Fails the statement it is part of (rolling all of it back) unless the epoch is still
+    # `e`. It first takes the thread's write lock `w` shared until that statement commits
+    # (a process taking the thread's lock takes it exclusively, so it waits for a write in
+    # flight and then sees it), then reads the epoch with a snapshot taken after that.
+    """CREATE OR REPLACE FUNCTION criogen_fence(t TEXT, e BIGINT, w BIGINT) RETURNS BOOLEAN
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM pg_advisory_xact_lock_shared(w);
+        PERFORM 1 FROM criogen_locks WHERE thread_id = t AND epoch = e;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'criogen: the lock on thread % was taken over', t
+                USING ERRCODE = 'CRG01';
+        END IF;
+        RETURN TRUE;
+    END $$""",
 ]
+#: The SQLSTATE `criogen_fence` raises.
+_FENCE_LOST = "CRG01"
+_TRY_LOCK = (
+    "WITH l AS (SELECT pg_try_advisory_lock(%s) AS ok), "
+    "w AS (SELECT pg_advisory_xact_lock(%s) FROM l WHERE l.ok), "
+    "e AS (INSERT INTO criogen_locks (thread_id, epoch) SELECT %s, 1 FROM l, w WHERE l.ok "
+    "ON CONFLICT (thread_id) DO UPDATE SET epoch = criogen_locks.epoch + 1 RETURNING epoch) "
+    "SELECT l.ok AS ok, (SELECT epoch FROM e) AS epoch FROM l"
+)
 _INSERT_AUDIT = (
     "INSERT INTO criogen_audit (thread_id, ts_ns, run_id, actor, action, type, details) "
     "VALUES (%s, %s, %s, %s, %s, %s, %s)"
@@ -83,10 +113,15 @@ def mapped(url: str) -> Iterator[None]:
         raise unreachable(url, exc) from exc
 
 
-def lock_key(thread_id: str) -> int:
-    """A signed 64-bit advisory lock key for a thread."""
-    digest = hashlib.blake2b(b"criogen-thread:" + thread_id.encode("utf-8"), digest_size=8)
+def lock_key(thread_id: str, kind: bytes = b"criogen-thread:") -> int:
+    """A signed 64-bit advisory lock key for a thread (`kind`: which of its locks)."""
+    digest = hashlib.blake2b(kind + thread_id.encode("utf-8"), digest_size=8)
     return int.from_bytes(digest.digest(), "big", signed=True)
+
+
+def write_key(thread_id: str) -> int:
+    """The key of a thread's write lock (see `criogen_fence`)."""
+    return lock_key(thread_id, b"criogen-writes:")
 
 
 _BLOBS = "checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)"
@@ -113,9 +148,13 @@ _AUDIT = "criogen_audit (thread_id, ts_ns, run_id, actor, action, type, details)
 Insert = tuple[str, str, list[tuple[Any, ...]]]  # table (columns), conflict clause, rows
 
 
-def _statement(main: Insert, *ctes: Insert) -> tuple[str, list[Any]]:
+def _statement(
+    main: Insert, *ctes: Insert, fence: tuple[str, int] | None = None
+) -> tuple[str, list[Any]]:
     """Several multi-row inserts as one SQL statement (the others as data-modifying CTEs
-    of the `main` one): one round trip, committed atomically."""
+    of the `main` one): one round trip, committed atomically. With `fence` (a thread and
+    the lock epoch of the run writing), every insert is a CTE and the statement fails
+    as a whole unless the epoch still holds (`criogen_fence`)."""
     params: list[Any] = []
 
     def insert(part: Insert) -> str:
@@ -125,9 +164,24 @@ def _statement(main: Insert, *ctes: Insert) -> tuple[str, list[Any]]:
             params.extend(r)
         return f"INSERT INTO {table} VALUES {', '.join([row] * len(rows))} {conflict}"
 
+    if fence is not None:
+        params.extend((fence[0], fence[1], write_key(fence[0])))
+        withs = ["f AS (SELECT criogen_fence(%s, %s, %s) AS ok)"]
+        withs += [f"c{i} AS ({insert(part)})" for i, part in enumerate((main, *ctes)) if part[2]]
+        return f"WITH {', '.join(withs)} SELECT ok FROM f", params
     withs = [f"c{i} AS ({insert(part)})" for i, part in enumerate(ctes) if part[2]]
     body = insert(main)
     return (f"WITH {', '.join(withs)} {body}" if withs else body), params
+
+
+def lock_lost(thread_id: str) -> StorageError:
+    """The error of a run whose lock on the thread is gone."""
+    return StorageError(
+        f"the lock on thread {thread_id!r} was lost: PostgreSQL ended the session that held "
+        "it, so another process may be running the thread; this run stopped before writing "
+        "anything more, and retry() continues it from what was saved",
+        code="lock_lost",
+    )
 
 
 def _saver_class() -> type[Any]:
@@ -139,9 +193,27 @@ def _saver_class() -> type[Any]:
         saver-wide lock and no thread hop."""
 
         url: str = ""
-        #: `await fence(thread_id)` before a write of a run: raises when the lock the run
-        #: took on the thread is gone (`PostgresBackend._check_lock`).
+        #: `await fence(thread_id)` before a write of a run: the epoch of the lock the run
+        #: holds on the thread (None: not locked here), or `StorageError("lock_lost")`
+        #: when its session is seen to be gone (`PostgresBackend._check_lock`).
         fence: Any = None
+
+        async def _write(self, parts: Sequence[Insert], thread_id: str | None) -> None:
+            """Save `parts` in one statement; a run's writes only while its lock holds."""
+            epoch = await self.fence(thread_id) if thread_id is not None else None
+            if thread_id is None or epoch is None:
+                sql, params = _statement(*parts)
+                await self._execute(sql, params)
+                return
+            import psycopg
+
+            sql, params = _statement(*parts, fence=(thread_id, epoch))
+            try:
+                await self._execute(sql, params)
+            except psycopg.Error as exc:
+                if exc.sqlstate == _FENCE_LOST:
+                    raise lock_lost(str(thread_id)) from None
+                raise
 
         async def _retrying(self, fn: Any) -> Any:
             """`await fn(connection)` on a pooled connection; one that broke (it idled out
@@ -176,6 +248,8 @@ def _saver_class() -> type[Any]:
         async def adelete_thread(self, thread_id: str) -> None:
             with mapped(self.url):
                 await super().adelete_thread(thread_id)
+            # Its lock epoch goes too: a stale run of the thread can write nothing now.
+            await self._execute("DELETE FROM criogen_locks WHERE thread_id = %s", [thread_id])
 
         async def aget_delta_channel_history(self, *, config: Any, channels: Any) -> Any:
             with mapped(self.url):
@@ -225,8 +299,6 @@ def _saver_class() -> type[Any]:
                 (_BLOBS, _BLOBS_CONFLICT, blobs),
                 (_AUDIT, "", audit),
             ]
-            if seg is not None:
-                await self.fence(seg.thread_id)
             if seg is not None and not checkpoint_ns:
                 if metadata.get("source") == "input":
                     # The checkpoint of a new input is followed at once by the one that
@@ -236,8 +308,7 @@ def _saver_class() -> type[Any]:
                 # The writes of this step's task go in with the checkpoint that closes it.
                 parts.extend(seg.deferred)
                 seg.deferred = []
-            sql, params = _statement(*parts)
-            await self._execute(sql, params)
+            await self._write(parts, seg.thread_id if seg is not None else None)
             return next_config
 
         async def aput_writes(
@@ -268,10 +339,7 @@ def _saver_class() -> type[Any]:
             if seg is not None and top and task_path in DEFERRABLE_TASKS:
                 seg.deferred.extend(parts)
                 return
-            if seg is not None:
-                await self.fence(seg.thread_id)
-            sql, params = _statement(*parts)
-            await self._execute(sql, params)
+            await self._write(parts, seg.thread_id if seg is not None else None)
 
         async def flush_deferred(self, seg: Segment) -> None:
             """Save the writes held back for `seg` whose checkpoint never came (the run
@@ -279,9 +347,7 @@ def _saver_class() -> type[Any]:
             parts = [p for p in seg.deferred if p[2]]
             seg.deferred = []
             if parts:
-                await self.fence(seg.thread_id)
-                sql, params = _statement(*parts)
-                await self._execute(sql, params)
+                await self._write(parts, seg.thread_id)
 
         async def aget_tuple(self, config: RunnableConfig) -> Any:
             hit, head = cached_head(config)
@@ -377,9 +443,9 @@ class PostgresBackend(Backend):
         self._pool: Any = None
         self._lock_conn: Any = None
         self._lock_guard = asyncio.Lock()
-        #: The connection each lock this process holds was taken on: the lock lives and
-        #: dies with that session.
-        self._held: dict[str, Any] = {}
+        #: The connection each lock this process holds was taken on (the lock lives and
+        #: dies with that session) and the lock's epoch (see `criogen_fence`).
+        self._held: dict[str, tuple[Any, int]] = {}
 
     def _unreachable(self, exc: BaseException) -> StorageError:
         return unreachable(self.url, exc)
@@ -474,11 +540,11 @@ class PostgresBackend(Backend):
                 conn = await self._lock_connection()
                 try:
                     cur = await conn.execute(
-                        "SELECT pg_try_advisory_lock(%s) AS ok", (lock_key(thread_id),)
+                        _TRY_LOCK, (lock_key(thread_id), write_key(thread_id), thread_id)
                     )
                     row = await cur.fetchone()
                     if row and row["ok"]:
-                        self._held[thread_id] = conn
+                        self._held[thread_id] = (conn, row["epoch"])
                         return True
                     return False
                 except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
@@ -488,16 +554,16 @@ class PostgresBackend(Backend):
                         raise self._unreachable(exc) from exc
             raise AssertionError("unreachable")
 
-    async def _check_lock(self, thread_id: str) -> None:
-        """Raise `StorageError(code="lock_lost")` if the session that holds this process's
-        lock on the thread has ended (the server ended it, or restarted): PostgreSQL
-        released the lock with it, another process may be running the thread, and a
-        write now could fork it. Checked before each write of a run: a closed session is
-        seen at once, one the server ended while idle by the message it left on the
-        socket (a system call; no round trip unless something is there)."""
-        conn = self._held.get(thread_id)
-        if conn is None:
-            return  # not locked here (LangGraph's server, a fork of the graph)
+    async def _check_lock(self, thread_id: str) -> int | None:
+        """The epoch of this process's lock on the thread, for the write about to be made
+        (None: not locked here, as on LangGraph's server). Raises
+        `StorageError(code="lock_lost")` at once if the session holding the lock is seen
+        to be gone (closed, broken, or a message the server left on its socket when it
+        ended it); otherwise the write's own fence finds out (`criogen_fence`)."""
+        held = self._held.get(thread_id)
+        if held is None:
+            return None
+        conn, epoch = held
         if not (conn.closed or conn.broken):
             import select
 
@@ -506,27 +572,22 @@ class PostgresBackend(Backend):
             except (OSError, ValueError):  # pragma: no cover - a closed socket
                 readable = [True]
             if not readable:
-                return
+                return int(epoch)
             import psycopg
 
             try:
                 async with self._lock_guard:
                     await conn.execute("SELECT 1")
-                return  # only a notice: the session is alive
+                return int(epoch)  # only a notice: the session is alive
             except (psycopg.OperationalError, psycopg.InterfaceError):
                 pass
-        raise StorageError(
-            f"the lock on thread {thread_id!r} was lost: PostgreSQL ended the session "
-            "that held it, so another process may be running the thread; this run stopped "
-            "before writing anything more, and retry() continues it from what was saved",
-            code="lock_lost",
-        )
+        raise lock_lost(thread_id)
 
     async def _unlock(self, thread_id: str) -> None:
         async with self._lock_guard:
             held = self._held.pop(thread_id, None)
             conn = self._lock_conn
-            if conn is None or conn.closed or conn.broken or held is not conn:
+            if conn is None or conn.closed or conn.broken or held is None or held[0] is not conn:
                 return  # gone with its connection
             with contextlib.suppress(Exception):  # a lost connection took the lock with it
                 await conn.execute("SELECT pg_advisory_unlock(%s)", (lock_key(thread_id),))
