@@ -109,3 +109,32 @@ async def test_a_run_that_lost_its_lock_writes_nothing_more_and_retry_completes(
     finally:
         await storage.close()
         await other.close()
+
+
+async def test_a_write_of_the_previous_holder_in_flight_makes_the_thread_busy() -> None:
+    """Taking a lock that a lost holder's write still uses (its statement has not
+    committed) answers busy at once and keeps nothing; once the write is done, the lock
+    is taken."""
+    require_postgres()
+    from criogen_graph.adapters.storage.postgres import lock_key, write_key
+
+    thread_id = f"in-flight-{uuid.uuid4().hex[:8]}"
+    storage = Storage(PG_URL)
+    await storage.open()
+    backend: Any = storage._backend
+    writer = await psycopg.AsyncConnection.connect(PG_URL)
+    try:
+        # What `criogen_fence` holds while a write is in flight.
+        await writer.execute("SELECT pg_advisory_xact_lock_shared(%s)", (write_key(thread_id),))
+        assert await backend.try_lock(thread_id) is False
+        async with await psycopg.AsyncConnection.connect(PG_URL, autocommit=True) as probe:
+            cur = await probe.execute("SELECT pg_try_advisory_lock(%s)", (lock_key(thread_id),))
+            row = await cur.fetchone()
+            assert row is not None and row[0], "the session lock was not given back"
+            await probe.execute("SELECT pg_advisory_unlock(%s)", (lock_key(thread_id),))
+        await writer.commit()  # the write is done
+        assert await backend.try_lock(thread_id) is True
+        await backend.unlock(thread_id)
+    finally:
+        await writer.close()
+        await storage.close()

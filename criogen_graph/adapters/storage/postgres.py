@@ -74,12 +74,17 @@ _SCHEMA = [
 ]
 #: The SQLSTATE `criogen_fence` raises.
 _FENCE_LOST = "CRG01"
+#: Take a thread's lock: its session lock, then its write lock for this statement (a
+#: write of the previous holder still in flight makes the thread busy: the session lock is
+#: given back), and raise its epoch.
 _TRY_LOCK = (
     "WITH l AS (SELECT pg_try_advisory_lock(%s) AS ok), "
-    "w AS (SELECT pg_advisory_xact_lock(%s) FROM l WHERE l.ok), "
-    "e AS (INSERT INTO criogen_locks (thread_id, epoch) SELECT %s, 1 FROM l, w WHERE l.ok "
+    "w AS (SELECT pg_try_advisory_xact_lock(%s) AS ok FROM l WHERE l.ok), "
+    "u AS (SELECT pg_advisory_unlock(%s) FROM w WHERE NOT w.ok), "
+    "e AS (INSERT INTO criogen_locks (thread_id, epoch) SELECT %s, 1 FROM w WHERE w.ok "
     "ON CONFLICT (thread_id) DO UPDATE SET epoch = criogen_locks.epoch + 1 RETURNING epoch) "
-    "SELECT l.ok AS ok, (SELECT epoch FROM e) AS epoch FROM l"
+    "SELECT coalesce((SELECT ok FROM w), false) AS ok, (SELECT epoch FROM e) AS epoch, "
+    "(SELECT count(*) FROM u) AS given_back"
 )
 _INSERT_AUDIT = (
     "INSERT INTO criogen_audit (thread_id, ts_ns, run_id, actor, action, type, details) "
@@ -539,9 +544,8 @@ class PostgresBackend(Backend):
             for attempt in (1, 2):
                 conn = await self._lock_connection()
                 try:
-                    cur = await conn.execute(
-                        _TRY_LOCK, (lock_key(thread_id), write_key(thread_id), thread_id)
-                    )
+                    key = lock_key(thread_id)
+                    cur = await conn.execute(_TRY_LOCK, (key, write_key(thread_id), key, thread_id))
                     row = await cur.fetchone()
                     if row and row["ok"]:
                         self._held[thread_id] = (conn, row["epoch"])
