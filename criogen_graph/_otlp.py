@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import struct
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -99,8 +100,6 @@ def _any_value(value: Any) -> bytes:
         # int64: a negative number is its 64-bit two's complement, ten bytes long.
         return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
     if isinstance(value, float):
-        import struct
-
         return b"\x21" + struct.pack("<d", value)
     if isinstance(value, bytes):
         return _field(b"\x3a", value)

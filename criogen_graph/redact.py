@@ -196,10 +196,7 @@ class _Secrets:
         for rule, shared in self.tokens:
             if (shared == "k-" and not dash) or (shared == "_" and not underscore):
                 continue
-            for needle in rule.needles:  # type: ignore[union-attr]
-                if needle in text:
-                    text = rule.sub(rule.replacement, text)
-                    break
+            text = rule(text)
         return self.keyword(text)
 
 
@@ -305,11 +302,8 @@ def _in_runs(text: str, rules: list[tuple[_Rule, int]]) -> str:
     for lo, hi in windows:
         window = text[lo:hi]
         for rule, shortest in rules:
-            # The window holds up to three characters of context.
-            if len(window) >= shortest and (
-                rule.needles is None or any(n in window for n in rule.needles)
-            ):
-                window = rule.sub(rule.replacement, window)
+            if len(window) >= shortest:  # the window holds up to three characters of context
+                window = rule(window)
         out.append(text[last:lo])
         out.append(window)
         last = hi

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import hashlib
 import re
+import select
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, cast
 
@@ -569,8 +570,6 @@ class PostgresBackend(Backend):
             return None
         conn, epoch = held
         if not (conn.closed or conn.broken):
-            import select
-
             try:
                 readable = select.select([conn.pgconn.socket], [], [], 0)[0]
             except (OSError, ValueError):  # pragma: no cover - a closed socket
