@@ -272,17 +272,24 @@ async def test_many_calls_keep_call_order() -> None:
 
 async def test_timeout_goes_back_to_the_model_as_an_error() -> None:
     never = asyncio.Event()
+    stopped: list[str] = []
 
     @tool(timeout_secs=0.05)
     async def hang() -> str:
         """Never returns."""
-        await never.wait()
+        try:
+            await never.wait()
+        finally:
+            stopped.append("hang")
         return "unreachable"
 
     @tool
     async def hang_default() -> str:
         """Never returns either; bounded by the agent's limit."""
-        await never.wait()
+        try:
+            await never.wait()
+        finally:
+            stopped.append("hang_default")
         return "unreachable"
 
     agent = Agent(
@@ -290,11 +297,18 @@ async def test_timeout_goes_back_to_the_model_as_an_error() -> None:
         tools=[hang, hang_default],
         limits=Limits(tool_timeout_secs=0.1),
     )
-    result = await agent.run("go")
+    # The test's own bound (the timeouts are 0.05 and 0.1 s): a timeout that does not
+    # stop the tool fails here, not when the suite's global timeout kills pytest.
+    try:
+        result = await asyncio.wait_for(agent.run("go"), 20)
+    except TimeoutError:
+        pytest.fail("the tools' timeouts did not stop them: the run hung")
     a, b = tool_messages(result)
     assert a["status"] == "timeout" and "timed out after 0.05 s" in a["content"]
     assert b["status"] == "timeout" and "0.1 s" in b["content"]
     assert result.text == "moved on"
+    # Both hung tools were really cancelled (their `finally` ran) before the run returned.
+    assert sorted(stopped) == ["hang", "hang_default"]
 
 
 async def test_tool_retry_only_for_read_only_or_idempotent_tools() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +39,19 @@ PLAN: list[list[tuple[str, dict[str, Any]]]] = [
 
 def kill_agent(storage: Storage | str, workdir: Path) -> Agent[Any]:
     """A multi-tool run: three parallel calls, then two, then "done". Each tool writes
-    `start <call_id>` when it begins and `effect <call_id>` once per call id (the
-    idempotency key a real tool would use: `ctx.call_id` is stable across retries)."""
+    `start <call_id>` when it begins, `effect <call_id>` once per call id (the
+    idempotency key a real tool would use: `ctx.call_id` is stable across retries) and
+    `end <call_id>` when it returns; the model writes `model <turn>` when a call begins
+    and `model-end <turn>` when it answers. So the ledger left by a killed process says
+    whether the kill landed while a tool or the model was running."""
 
     async def effect(ctx: ToolContext, what: str) -> str:
         _append(workdir, f"start {ctx.call_id}")
-        await asyncio.sleep(random.uniform(0, 0.015))
+        await asyncio.sleep(random.uniform(0.003, 0.02))
         if not any(line == f"effect {ctx.call_id}" for line in ledger(workdir)):
             _append(workdir, f"effect {ctx.call_id}")
         await asyncio.sleep(random.uniform(0, 0.005))
+        _append(workdir, f"end {ctx.call_id}")
         return f"{what} ok"
 
     @tool
@@ -64,8 +69,12 @@ def kill_agent(storage: Storage | str, workdir: Path) -> Agent[Any]:
         """Ship an order."""
         return await effect(ctx, f"shipped {order}")
 
-    def script(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+    async def script(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
         turn = sum(1 for m in messages if m["role"] == "assistant")
+        _append(workdir, f"model {turn}")
+        # A real model takes a while to answer: a kill can land during the call.
+        await asyncio.sleep(random.uniform(0.003, 0.015))
+        _append(workdir, f"model-end {turn}")
         if turn < len(PLAN):
             return FakeReply.tool_calls(*PLAN[turn])
         return "done"
@@ -73,10 +82,32 @@ def kill_agent(storage: Storage | str, workdir: Path) -> Agent[Any]:
     return Agent(FunctionModel(script), tools=[charge, email, ship], storage=storage)
 
 
+def running_at_kill(lines: list[str]) -> str | None:
+    """What the ledger of a killed process says was running when it died: `"tool"` (a
+    tool had begun and not returned), `"model"` (a model call had begun and not
+    answered), or None (neither: the run was between steps, saving, or not started)."""
+    steps = {"start": ("tool", 1), "end": ("tool", -1), "model": ("model", 1)}
+    steps["model-end"] = ("model", -1)
+    running: Counter[tuple[str, str]] = Counter()
+    for line in lines:
+        kind, _, key = line.partition(" ")
+        if kind in steps:
+            what, n = steps[kind]
+            running[what, key] += n
+    busy = {what for (what, _), n in running.items() if n > 0}
+    return "tool" if "tool" in busy else "model" if "model" in busy else None
+
+
 async def _send(url: str, thread_id: str, workdir: str, started: Any, done: Any) -> None:
     storage = Storage(url)
     try:
         await storage.open()
+        # A first run on a thread of its own, before the kill window opens: the process's
+        # one-time costs (lazy imports, first queries) then fall outside it, and the window
+        # is spent in the run's steps like a long-lived worker's.
+        warmup = Path(workdir) / "warmup"
+        warmup.mkdir()
+        await kill_agent(storage, warmup).thread(f"{thread_id}-warmup").send("go")
         agent = kill_agent(storage, Path(workdir))
         agent._thread_graph(storage, None)  # compiled before the kill window opens
         started.set()  # the parent kills this process at a random moment from now on

@@ -53,6 +53,10 @@ async def test_four_processes_send_to_one_thread(
         assert busy == 0 and len(accepted) == PROCESSES * SENDS
     else:
         assert accepted, "no process ever got the thread"
+        # Four processes sending back to back always find the thread held some of the
+        # time (the hammer's busy_timeout_secs is 120 s: a "fail" that waited would be
+        # refused nothing).
+        assert busy >= 1, "on_busy='fail' refused no send: it waited instead"
 
     async with Storage(url) as storage:
         thread = echo_agent(storage).thread(thread_id)
