@@ -5,20 +5,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.base import CipherProtocol, SerializerProtocol
 
-from criogen_graph.adapters.storage.base import Backend
+from criogen_graph.adapters.storage.base import (
+    UNENCRYPTED,
+    Backend,
+    TranscriptCache,
+    check_thread_id,
+)
 from criogen_graph.adapters.storage.locks import LocalLocks, hold
+from criogen_graph.adapters.storage.loops import LoopBackends
 from criogen_graph.errors import StorageError, ValidationError
 
 __all__ = ["Storage"]
 
 ON_BUSY = ("fail", "wait")
-_KEY_CHECK = "encryption_check"
 _KEY_CHECK_PLAINTEXT = "criogen-graph encryption check"
 
 
@@ -28,7 +34,34 @@ def _safe(url: str) -> str:
     return safe_url(url)
 
 
-def _serializer(key: str | bytes | None) -> SerializerProtocol | None:
+class _CheckedCipher(CipherProtocol):
+    """The AES cipher of LangGraph's `EncryptedSerializer`, with a payload that fails to
+    decrypt (written with another key, or changed on disk) reported as
+    `StorageError(code="encryption")` instead of the bare `ValueError: MAC check failed`.
+    (The cipher, not the serializer, is wrapped: LangGraph rebuilds the serializer around
+    the same cipher for its msgpack allowlist.)"""
+
+    def __init__(self, inner: CipherProtocol, url: str) -> None:
+        self.inner = inner
+        self.url = url
+
+    def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
+        return self.inner.encrypt(plaintext)
+
+    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
+        try:
+            return self.inner.decrypt(ciphername, ciphertext)
+        except (ValueError, AssertionError) as exc:
+            raise StorageError(
+                f"a payload stored in {_safe(self.url)} cannot be decrypted with this "
+                f"encryption_key ({exc or 'unknown cipher ' + repr(ciphername)}): it was "
+                "written with another key, or changed on disk. Open the storage with the "
+                "key it was written with",
+                code="encryption",
+            ) from None
+
+
+def _serializer(key: str | bytes | None, url: str) -> SerializerProtocol | None:
     if key is None:
         return None
     if isinstance(key, str):
@@ -47,7 +80,8 @@ def _serializer(key: str | bytes | None) -> SerializerProtocol | None:
     try:
         from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
-        return EncryptedSerializer.from_pycryptodome_aes(key=raw)
+        sealed = EncryptedSerializer.from_pycryptodome_aes(key=raw)
+        return EncryptedSerializer(_CheckedCipher(sealed.cipher, url), sealed.serde)
     except ImportError as exc:  # pragma: no cover - pycryptodome is a dependency
         raise StorageError(
             "encryption needs pycryptodome: pip install pycryptodome",
@@ -64,14 +98,22 @@ class Storage:
     until first use; tables are created then. One storage can serve many agents and
     threads in a process; `close()` it (or use `async with`) when done.
 
+    One storage may be used from several OS threads and event loops at once (a sync web
+    framework running each request with `asyncio.run`): each event loop gets connections
+    of its own (up to `max_connections` on PostgreSQL), never closed while that loop may
+    use them, and closed when the loop ends, so a new loop per request does not pile
+    them up. A thread id has one writer in the whole process, whichever loop runs it.
+
     `on_busy` decides what a call on a thread that another run holds does: `"fail"` raises
     `ThreadBusyError`, `"wait"` waits up to `busy_timeout_secs` and then runs. The lock
     holds across processes and is freed if its holder dies.
 
-    With `encryption_key` (a passphrase, or 16/24/32 raw bytes), checkpoint payloads and
-    audit details are encrypted at rest (AES through LangGraph's `EncryptedSerializer`). A
-    storage opened with a different key, or without one, fails with `StorageError` and
-    changes nothing.
+    With `encryption_key` (a passphrase, or 16/24/32 raw bytes), checkpoint payloads,
+    audit details and store values are encrypted at rest (AES through LangGraph's
+    `EncryptedSerializer`). The first opening of a storage ever decides whether it is
+    encrypted, and with which key, atomically, even when processes open it at the same
+    moment; every other key (or no key, or a key on an unencrypted storage) then fails
+    with `StorageError(code="encryption")` and changes nothing.
     """
 
     def __init__(
@@ -119,20 +161,26 @@ class Storage:
         self.scheme = "postgres" if scheme == "postgresql" else scheme
         self.on_busy = on_busy
         self.busy_timeout_secs = float(busy_timeout_secs)
-        self._serde = _serializer(encryption_key)
+        self._serde = _serializer(encryption_key, url)
         self._encrypted = encryption_key is not None
         self._max_connections = max_connections
-        self._backend: Backend | None = self._make_backend() if self.scheme == "memory" else None
+        #: memory:// keeps its data in its one backend, shared by every event loop.
+        self._shared: Backend | None = self._make_backend() if self.scheme == "memory" else None
+        #: The other backends: one per event loop, never closed under another's user.
+        self._loops = LoopBackends(self._make_backend, self._prepare)
+        #: One transcript cache for the backends of every loop.
+        self._transcripts = TranscriptCache()
         if self.scheme == "sqlite":
             # Check the URL now; the file is opened on first use.
             from criogen_graph.adapters.storage.sqlite import parse_sqlite_url
 
             parse_sqlite_url(url)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._opening: asyncio.Lock | None = None
         self._locks = LocalLocks()
-        self._store: Any = None
-        self._store_backend: Backend | None = None
+        #: The calls of this process that take, hold or give back each thread: their
+        #: task, and the future set once they let go.
+        self._holders: dict[str, list[tuple[asyncio.Task[Any] | None, asyncio.Future[None]]]] = {}
+        self._holders_guard = threading.Lock()
+        self._shared_store: Any = None
 
     def _make_backend(self) -> Backend:
         if self.scheme == "memory":
@@ -154,45 +202,52 @@ class Storage:
         await self._ensure_open()
         return self
 
+    @property
+    def _backend(self) -> Backend | None:
+        """The open backend of the running event loop (see `LoopBackends`), or None."""
+        return self._shared if self._shared is not None else self._loops.current()
+
     async def _ensure_open(self) -> Backend:
-        loop = asyncio.get_running_loop()
-        backend = self._backend
-        if backend is not None and (self.scheme == "memory" or self._loop is loop):
-            return backend
-        if self._opening is None or self._loop is not loop:
-            self._opening = asyncio.Lock()
-        async with self._opening:
-            if self._backend is not None and self._loop is loop:
-                return self._backend
-            if self._backend is not None and self.scheme != "memory":
-                # Connections belong to the event loop that opened them; a new loop (a
-                # second asyncio.run, say) gets its own.
-                with contextlib.suppress(Exception):
-                    await self._backend.close()
-                self._backend = None
-            backend = self._backend or self._make_backend()
-            await backend.open()
-            try:
-                await self._check_key(backend)
-            except BaseException:
-                await backend.close()
-                raise
-            self._backend = backend
-            self._loop = loop
-            return backend
+        if self._shared is not None:
+            return self._shared
+        return await self._loops.get()
+
+    async def _prepare(self, backend: Backend) -> None:
+        """A backend just opened: its key checked, the shared transcript cache in."""
+        await self._check_key(backend)
+        backend.saver.transcripts = self._transcripts  # type: ignore[attr-defined]
 
     async def _check_key(self, backend: Backend) -> None:
-        stored = await backend.get_meta(_KEY_CHECK)
+        """The storage's encryption claim: recorded by the first opener ever, in the same
+        transaction as the check that there is none yet (with a key: a key check sealed
+        with it; without: `UNENCRYPTED`), and compared with by every later one."""
         serde = backend.saver.serde
+        if self._encrypted:
+            typ, blob = serde.dumps_typed(_KEY_CHECK_PLAINTEXT)
+            mine = typ.encode() + b"\0" + blob
+        else:
+            mine = UNENCRYPTED
+        stored = await backend.claim_encryption(mine)
+        url = _safe(self.url)
         if stored is None:
+            raise StorageError(
+                f"{url} already holds unencrypted threads, so it cannot be opened with an "
+                "encryption_key (they would stay in the clear beside encrypted ones): open "
+                "it without one, or copy its threads into a new storage opened with the key",
+                code="encryption",
+            )
+        if stored == UNENCRYPTED:
             if self._encrypted:
-                typ, blob = serde.dumps_typed(_KEY_CHECK_PLAINTEXT)
-                await backend.set_meta(_KEY_CHECK, typ.encode() + b"\0" + blob)
+                raise StorageError(
+                    f"{url} is not encrypted (it was first opened without an "
+                    "encryption_key): open it without one, or use a new database or "
+                    "schema for encrypted threads",
+                    code="encryption",
+                )
             return
         if not self._encrypted:
             raise StorageError(
-                f"{_safe(self.url)} is encrypted: open it with its encryption_key",
-                code="encryption",
+                f"{url} is encrypted: open it with its encryption_key", code="encryption"
             )
         tag, _, blob = stored.partition(b"\0")
         try:
@@ -201,24 +256,26 @@ class Storage:
             ok = False
         if not ok:
             raise StorageError(
-                f"the encryption_key does not match the one {_safe(self.url)} was written with",
+                f"the encryption_key does not match the one {url} was written with",
                 code="encryption",
             )
 
     async def close(self) -> None:
-        """Close connections and release locks (threads stay saved unless memory://)."""
-        backend = self._backend
-        if backend is not None and self.scheme != "memory":
-            same_loop = self._loop is asyncio.get_running_loop()
-            self._backend = None
-            self._loop = None
-            if same_loop:
-                await backend.close()
-            else:
-                # Connections of an event loop that has finished cannot be closed cleanly
-                # from another one; their sockets go with them.
-                with contextlib.suppress(Exception):
-                    await backend.close()
+        """Close connections and release locks (threads stay saved unless memory://).
+
+        It closes the connections of the event loop it is awaited in, and lets go of
+        those of loops that have ended. Those of another loop still running (in another
+        OS thread) are that loop's own: they close when it ends (`asyncio.run` closes
+        them as its loop finishes) or when it awaits `close()` itself, never under a
+        run of it. The storage opens again on its next use.
+
+        Runs of this process that were cancelled (a stream left early, a timed-out
+        request) are let finish saving first, for up to `busy_timeout_secs`."""
+        unwinding = self._unwinding()
+        if unwinding:
+            await asyncio.wait(unwinding, timeout=self.busy_timeout_secs)
+        if self._shared is None:
+            await self._loops.close()
 
     async def __aenter__(self) -> Storage:
         return await self.open()
@@ -232,27 +289,32 @@ class Storage:
         """The LangGraph store that keeps memory facts and collections (opened on first
         use; values sealed with the `encryption_key` when there is one)."""
         backend = await self._ensure_open()
-        if self._store is not None and self._store_backend is backend:
-            return self._store
-        # Concurrent first runs must not each create (and migrate) the store.
-        lock = self._opening or asyncio.Lock()  # (memory:// opens without awaiting)
-        async with lock:
-            if self._store is None or self._store_backend is not backend:
-                store = await backend.open_store()
-                if self._serde is not None:
-                    from criogen_graph.adapters.storage.sealed import SealedStore
+        if self._shared is None:
+            return await self._loops.store(backend, self._make_store)
+        if self._shared_store is None:
+            # (memory:// makes its store without awaiting: no other caller comes between)
+            self._shared_store = await self._make_store(backend)
+        return self._shared_store
 
-                    store = SealedStore(store, self._serde)
-                self._store = store
-                self._store_backend = backend
-        return self._store
+    async def _make_store(self, backend: Backend) -> Any:
+        store = await backend.open_store()
+        if self._serde is not None:
+            from criogen_graph.adapters.storage.sealed import SealedStore
+
+            store = SealedStore(store, self._serde)
+        return store
 
     @property
     def checkpointer(self) -> BaseCheckpointSaver[Any]:
-        """The LangGraph checkpointer (after the storage is open)."""
-        if self._backend is None:
-            raise StorageError("the storage is not open yet: await storage.open()", code="closed")
-        return self._backend.saver
+        """The LangGraph checkpointer of the running event loop (after the storage is
+        open in it: each event loop gets its own connections, see `close()`)."""
+        backend = self._backend
+        if backend is None:
+            raise StorageError(
+                "the storage is not open in this event loop yet: await storage.open()",
+                code="closed",
+            )
+        return backend.saver
 
     async def audit(
         self, thread_id: str | None = None, *, limit: int | None = None
@@ -264,6 +326,8 @@ class Storage:
         `tool_call` (with the hooks that changed or skipped it), `run_failed`,
         `run_cancelled`.
         """
+        if thread_id is not None:
+            check_thread_id(thread_id)
         backend = await self._ensure_open()
         return await backend.read_audit(thread_id, limit)
 
@@ -277,15 +341,53 @@ class Storage:
     @contextlib.asynccontextmanager
     async def _hold(self, thread_id: str) -> AsyncIterator[None]:
         backend = await self._ensure_open()
-        async with hold(
-            thread_id,
-            self._locks,
-            backend.try_lock,
-            backend.unlock,
-            wait=self.on_busy == "wait",
-            wait_secs=self.busy_timeout_secs,
-        ):
-            yield
+        # Every call on the thread is known here from before it takes the lock until
+        # after it gave it back (remote lock included), so that a run of this process
+        # that is being cancelled (a stream left with `break`, a timed-out request) is
+        # seen as what it is: no concurrent writer, but one saving what it finished
+        # and letting go. The next caller waits for that, whatever `on_busy` says.
+        released: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (asyncio.current_task(), released)
+        with self._holders_guard:  # loops of other OS threads share the registry
+            self._holders.setdefault(thread_id, []).append(entry)
+        try:
+            unwinding = self._unwinding(thread_id)
+            async with hold(
+                thread_id,
+                self._locks,
+                backend.try_lock,
+                backend.unlock,
+                wait=self.on_busy == "wait" or bool(unwinding),
+                wait_secs=self.busy_timeout_secs,
+            ):
+                yield
+        finally:
+            with self._holders_guard:
+                entries = self._holders[thread_id]
+                entries.remove(entry)
+                if not entries:
+                    del self._holders[thread_id]
+            released.set_result(None)
+
+    def _unwinding(self, thread_id: str | None = None) -> list[asyncio.Future[None]]:
+        """The release of the calls of this process (on `thread_id`, or all) that were
+        asked to cancel and still hold or take the thread, on this event loop."""
+        me = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        with self._holders_guard:
+            if thread_id is None:
+                entries = [e for es in self._holders.values() for e in es]
+            else:
+                entries = list(self._holders.get(thread_id) or ())
+        return [
+            released
+            for task, released in entries
+            if task is not None
+            and task is not me
+            and (task.cancelling() > 0 or task.done())
+            and not released.done()
+            and released.get_loop() is loop
+        ]
 
     def __repr__(self) -> str:
         return f"Storage({_safe(self.url)!r}, on_busy={self.on_busy!r})"

@@ -3,14 +3,22 @@ audit records that ride along with checkpoint writes, and the backend interface.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
+import importlib
+import logging
+import sys
+import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
+
+from criogen_graph.redact import CURRENT
 
 
 @dataclass(slots=True)
@@ -39,6 +47,13 @@ class Segment:
     #: Writes a saver held back to save in one statement with the next checkpoint (see
     #: `DEFERRABLE_TASKS`); whatever is left when the segment ends is flushed then.
     deferred: list[tuple[str, str, list[tuple[Any, ...]]]] = field(default_factory=list)
+    #: Tool results handed over to LangGraph whose write is not saved yet, by task id:
+    #: `(config, writes, task_path)` as the saver takes them (see `hand_over`).
+    handed: dict[str, tuple[Any, list[tuple[str, Any]], str]] = field(default_factory=dict)
+    #: Saver calls of the segment in flight (LangGraph runs them in tasks of their own).
+    writing: set[asyncio.Future[Any]] = field(default_factory=set)
+    #: Set once the segment settled (see `Backend.settle`): it writes nothing more.
+    closed: bool = False
 
 
 #: The tasks whose writes a saver may hold back until the checkpoint that closes their
@@ -52,6 +67,53 @@ DEFERRABLE_TASKS = frozenset({"~__pregel_pull, __start__", "~__pregel_pull, mode
 SEGMENT: contextvars.ContextVar[Segment | None] = contextvars.ContextVar(
     "criogen_segment", default=None
 )
+
+
+#: The longest thread id, in UTF-8 bytes. Every backend keys its tables by thread id, and
+#: PostgreSQL's btree indexes hold at most ~2.7 KB per row (LangGraph's keys add the
+#: namespace, checkpoint and task ids to it), so a longer id could not be stored.
+MAX_THREAD_ID_BYTES = 1024
+
+
+def check_thread_id(thread_id: object) -> str:
+    """`thread_id` if every backend can keep it, else `ValidationError` (before anything is
+    read or written): a non-empty str of at most `MAX_THREAD_ID_BYTES` bytes in UTF-8,
+    with no NUL character and no lone surrogate."""
+    from criogen_graph.errors import ValidationError
+
+    if not isinstance(thread_id, str):
+        raise ValidationError(
+            f"a thread id must be a non-empty str, got {type(thread_id).__name__}",
+            code="invalid_type",
+        )
+    if not thread_id.strip():
+        raise ValidationError("a thread id must be a non-empty str", code="invalid_value")
+    if len(thread_id) > MAX_THREAD_ID_BYTES:  # (a char is at least one byte)
+        size = f"{len(thread_id)} characters"
+    else:
+        try:
+            size_bytes = len(thread_id.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ValidationError(
+                f"thread id {thread_id[:40]!r}... has a lone surrogate (half of a UTF-16 "
+                "pair, e.g. from bytes decoded with 'surrogateescape'), which no storage can "
+                "keep: decode the id properly",
+                code="invalid_value",
+            ) from None
+        if size_bytes <= MAX_THREAD_ID_BYTES:
+            if "\x00" in thread_id:
+                raise ValidationError(
+                    f"thread id {thread_id[:40]!r} contains a NUL character, which PostgreSQL "
+                    "cannot store: remove it",
+                    code="invalid_value",
+                )
+            return thread_id
+        size = f"{size_bytes} bytes"
+    raise ValidationError(
+        f"a thread id must be at most {MAX_THREAD_ID_BYTES} bytes in UTF-8, got {size} "
+        f"(starting {thread_id[:40]!r}): use a shorter id, or a hash of a long key",
+        code="invalid_value",
+    )
 
 
 def now_ns() -> int:
@@ -77,6 +139,65 @@ def record(
         "action": action,
         "details": details,
     }
+
+
+#: LangGraph's write channel for the exception that failed a task.
+ERROR_CHANNEL = "__error__"
+
+
+def redacted_errors(writes: Sequence[tuple[str, Any]]) -> Sequence[tuple[str, Any]]:
+    """A task's writes with the exception that failed it (if any) as the run's policy
+    redacts it. LangGraph saves such an exception as its `repr`, message included (a
+    tool's, a hook's, a provider's error text): the same text is saved, redacted."""
+    redactor = CURRENT.get()
+    if redactor is None or all(channel != ERROR_CHANNEL for channel, _ in writes):
+        return writes
+    return [
+        (channel, redactor.redact(repr(value)))
+        if channel == ERROR_CHANNEL and isinstance(value, BaseException)
+        else (channel, value)
+        for channel, value in writes
+    ]
+
+
+def hand_over(
+    thread_id: str, task_id: str, config: Any, writes: list[tuple[str, Any]], task_path: str
+) -> None:
+    """Note a tool result handed over to LangGraph (the `writes` of task `task_id`, to be
+    saved with `config`), so that `Backend.settle` saves it if the run is cancelled
+    before LangGraph does: LangGraph does not always save a cancelled task's writes (a
+    step of one task runs inline, and a cancellation there drops them)."""
+    seg = segment_for(thread_id)
+    if seg is not None and not seg.closed:
+        seg.handed[task_id] = (config, writes, task_path)
+
+
+@contextlib.contextmanager
+def writing(seg: Segment | None, task_id: str | None = None) -> Iterator[bool]:
+    """Around a saver write of `seg`: yields False when the segment is closed (the write
+    must be dropped), else tracks the write in flight; a write that succeeds for
+    `task_id` is no longer owed by `settle`."""
+    if seg is None:
+        yield True
+        return
+    if seg.closed:
+        logging.getLogger("criogen_graph").warning(
+            "a write of run %s on thread %r arrived after the run ended; dropped",
+            seg.run_id,
+            seg.thread_id,
+        )
+        yield False
+        return
+    task = asyncio.current_task()
+    if task is not None:
+        seg.writing.add(task)
+    try:
+        yield True
+        if task_id is not None:
+            seg.handed.pop(task_id, None)
+    finally:
+        if task is not None:
+            seg.writing.discard(task)
 
 
 def segment_for(thread_id: str) -> Segment | None:
@@ -158,15 +279,19 @@ class TranscriptCache:
     def __init__(self, size: int = 256) -> None:
         self.size = size
         self._data: OrderedDict[str, tuple[str, dict[str, Any]]] = OrderedDict()
+        # One cache serves the backends of every event loop (OS thread) of a storage.
+        self._mutex = threading.Lock()
 
     def remember(self, thread_id: str, checkpoint_id: str, values: Mapping[str, Any]) -> None:
-        self._data[thread_id] = (checkpoint_id, dict(values))
-        self._data.move_to_end(thread_id)
-        while len(self._data) > self.size:
-            self._data.popitem(last=False)
+        with self._mutex:
+            self._data[thread_id] = (checkpoint_id, dict(values))
+            self._data.move_to_end(thread_id)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
 
     def forget(self, thread_id: str) -> None:
-        self._data.pop(thread_id, None)
+        with self._mutex:
+            self._data.pop(thread_id, None)
 
     def history(self, config: Any, channels: Sequence[str]) -> dict[str, Any] | None:
         """A `get_delta_channel_history` answer from the cache, or None."""
@@ -239,13 +364,63 @@ def audit_query(
     return sql, params
 
 
+_IMPORTING = threading.Lock()
+
+
+def import_once(*modules: str) -> None:
+    """Import `modules` (a backend's drivers, on first use) one OS thread at a time.
+    Storages opened at once on several threads would otherwise import them concurrently,
+    and Python's import machinery then hands one of them a half-initialised module
+    (`ImportError: cannot import name ...`) when the package imports itself in a cycle,
+    as psycopg does. Once imported, this is a dictionary lookup per module."""
+    if all(m in sys.modules for m in modules):
+        return
+    with _IMPORTING:
+        for m in modules:
+            importlib.import_module(m)
+
+
+#: The meta key of a storage's encryption claim (see `Backend.claim_encryption`).
+ENCRYPTION_CLAIM = "encryption"
+#: Where storages kept the key check before claims existed (encrypted ones only).
+LEGACY_KEY_CHECK = "encryption_check"
+#: The claim of a storage first opened without a key.
+UNENCRYPTED = b"unencrypted"
+
+
+def adopt_claim(
+    current: bytes | None, legacy: bytes | None, claim: bytes, has_data: bool
+) -> tuple[bytes | None, bool]:
+    """What `claim_encryption` decides from the stored claim and key check (read in its
+    transaction): `(the claim that holds, or None; whether to record it)`. A storage
+    from before claims existed keeps what it was: encrypted if it has a key check, else
+    unencrypted once it holds data (`has_data`, needed only when neither is stored),
+    which an encrypted claim may not change (None: its threads would stay in the clear,
+    mixed with encrypted ones)."""
+    if current is not None:
+        return current, False
+    if legacy is not None:
+        return legacy, True
+    if claim != UNENCRYPTED and has_data:
+        return None, False
+    return claim, True
+
+
+#: Makes the `delete` audit record from what the deletion found: `(existed,
+#: audit_records_deleted) -> record`.
+MakeRecord = Callable[[bool, int], dict[str, Any]]
+
+
 class Backend:
     """A storage backend: a LangGraph checkpointer plus locks and the audit trail."""
 
     saver: BaseCheckpointSaver[Any]
     #: The LangGraph store (memory facts, collections), once `open_store()` ran.
     store: Any = None
-    #: Cross-process lock hooks (None: in-process locks are enough).
+    #: Cross-process lock hooks (None: in-process locks are enough). Both are exact under
+    #: cancellation: `try_lock` takes the lock or leaves it (a lock taken as the caller
+    #: was cancelled is given back before the cancellation is raised), and `unlock` runs
+    #: to its end.
     try_lock: Callable[[str], Awaitable[bool]] | None = None
     unlock: Callable[[str], Awaitable[None]] | None = None
 
@@ -266,17 +441,50 @@ class Backend:
         """Save the writes the saver held back for `seg` (none unless it defers)."""
         seg.deferred = []
 
+    async def settle(self, seg: Segment) -> None:
+        """After a run of `seg` stopped (cancelled or failed) and before its lock is
+        released: wait for its writes still in flight, save the tool results handed
+        over that LangGraph did not save, and close the segment (a later write of it is
+        dropped), so a finished call is saved before anyone can run the thread again."""
+        me = asyncio.current_task()
+        while True:
+            # Writes LangGraph scheduled as the run unwound start within an iteration.
+            await asyncio.sleep(0)
+            pending = [t for t in seg.writing if t is not me and not t.done()]
+            if not pending:
+                break
+            await asyncio.wait(pending)
+        for task_id, (config, writes, task_path) in list(seg.handed.items()):
+            await self.saver.aput_writes(config, writes, task_id, task_path)
+            seg.handed.pop(task_id, None)
+        seg.closed = True
+
     async def read_audit(self, thread_id: str | None, limit: int | None) -> list[dict[str, Any]]:
         raise NotImplementedError
 
     async def delete_audit(self, thread_id: str) -> int:
         raise NotImplementedError
 
+    async def delete_thread(self, thread_id: str, make_record: MakeRecord, *, audit: bool) -> bool:
+        """Delete the thread (its checkpoints, pending writes and whatever else the
+        backend keeps of it; with `audit`, its audit records too) and save the audit
+        record `make_record(existed, audit_records_deleted)`, all in one transaction: a
+        crash at any point leaves the thread whole and unrecorded, or gone and recorded
+        once. Returns whether the thread had a checkpoint."""
+        raise NotImplementedError
+
     async def thread_ids(self) -> list[str]:
         raise NotImplementedError
 
-    async def get_meta(self, key: str) -> bytes | None:
+    async def claim_encryption(self, claim: bytes) -> bytes | None:
+        """The storage's encryption claim (`UNENCRYPTED`, or a key check sealed with the
+        key), recorded as `claim` if it has none yet, in one transaction: of openers
+        racing on a fresh storage, exactly one claim is recorded and every opener gets
+        that one back (see `adopt_claim` for storages written before claims existed:
+        None when `claim` is encrypted and the storage already holds unencrypted data).
+        An encrypted claim is also kept as the key check, which older versions read."""
         raise NotImplementedError
 
-    async def set_meta(self, key: str, value: bytes) -> None:
-        raise NotImplementedError
+    def abandon(self) -> None:
+        """Let go of the connections of an event loop that closed without closing this
+        backend (no await possible any more): close what can be closed from here."""

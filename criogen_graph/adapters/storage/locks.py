@@ -4,7 +4,8 @@ LangGraph has no per-thread lock: two runs on one thread both start from the sam
 silently fork it. Every storage serializes the runs of a thread in two layers:
 
 - `LocalLocks`: in-process exclusion with FIFO hand-off, so waiters in one process wake
-  as soon as the holder leaves (no polling);
+  as soon as the holder leaves (no polling), whichever event loop or OS thread each runs
+  on;
 - a cross-process lock per backend, which the operating system or the database releases
   when its holder dies: `FileLocks` (`flock` on one file per thread, for SQLite) and
   PostgreSQL session advisory locks (in the postgres adapter).
@@ -17,7 +18,9 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import math
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,60 +36,116 @@ def busy(thread_id: str, detail: str = "") -> ThreadBusyError:
     )
 
 
+class _Waiter:
+    """A caller queued for a key: the future its event loop wakes it with, and whether
+    the key was handed to it (decided under the locks' mutex, whichever thread wakes)."""
+
+    __slots__ = ("fut", "granted")
+
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self.fut = fut
+        self.granted = False
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class LocalLocks:
-    """In-process locks by thread id with FIFO hand-off (bound to no event loop)."""
+    """In-process locks by thread id with FIFO hand-off, shared by every event loop and OS
+    thread of the process (a sync web framework runs each request on a loop of its own):
+    one holder per key in the whole process, and a waiter on any loop wakes as soon as
+    the holder, on any loop, leaves."""
 
     def __init__(self) -> None:
+        self._mutex = threading.Lock()
         self._held: set[str] = set()
-        self._waiters: dict[str, deque[asyncio.Future[None]]] = {}
+        self._waiters: dict[str, deque[_Waiter]] = {}
 
     def held(self, key: str) -> bool:
         return key in self._held
 
     async def acquire(self, key: str, wait_secs: float | None) -> bool:
-        """Take `key`; with `wait_secs=None` only if free now. False when not taken."""
-        if key not in self._held:
-            self._held.add(key)
-            return True
-        if wait_secs is None or wait_secs <= 0:
-            return False
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        queue = self._waiters.setdefault(key, deque())
-        queue.append(fut)
+        """Take `key`; with `wait_secs=None` only if free now. False when not taken.
+
+        A waiter that times out or is cancelled leaves the queue; if the key was handed
+        to it in that very moment, it passes the key on, so no waiter is stranded."""
+        with self._mutex:
+            if key not in self._held:
+                self._held.add(key)
+                return True
+            if wait_secs is None or wait_secs <= 0:
+                return False
+            waiter = _Waiter(asyncio.get_running_loop().create_future())
+            queue = self._waiters.setdefault(key, deque())
+            queue.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(fut), wait_secs)
+            # (`asyncio.timeout`, not `wait_for`: on Python 3.11 `wait_for` can swallow a
+            # cancellation that arrives as the future completes.)
+            async with asyncio.timeout(None if math.isinf(wait_secs) else wait_secs):
+                await waiter.fut
             return True
         except TimeoutError:
-            if fut.done() and not fut.cancelled():
-                # Handed over just as the wait timed out: pass it on.
-                self.release(key)
-            else:
-                fut.cancel()
+            self._leave(key, waiter)
             return False
         except BaseException:
-            if fut.done() and not fut.cancelled():
-                self.release(key)
-            else:
-                fut.cancel()
+            self._leave(key, waiter)
             raise
-        finally:
-            if not queue:
-                self._waiters.pop(key, None)
+
+    def _leave(self, key: str, waiter: _Waiter) -> None:
+        """A waiter gives up: out of the queue, and on with the key if it just got it."""
+        with self._mutex:
+            granted = waiter.granted
+            waiter.fut.cancel()
+            queue = self._waiters.get(key)
+            if queue is not None:
+                with contextlib.suppress(ValueError):
+                    queue.remove(waiter)
+                if not queue:
+                    del self._waiters[key]
+        if granted:
+            self.release(key)
 
     def release(self, key: str) -> None:
-        queue = self._waiters.get(key)
-        while queue:
-            fut = queue.popleft()
-            if not fut.done():
-                # Ownership passes straight to the next waiter; a waiter cancelled after
-                # this passes it on in turn (see `acquire`).
-                fut.set_result(None)
+        while True:
+            with self._mutex:
+                queue = self._waiters.get(key)
+                waiter = None
+                while queue:
+                    candidate = queue.popleft()
+                    if not candidate.fut.done():
+                        # Ownership passes straight to the next waiter; a waiter that
+                        # gives up after this passes it on in turn (see `_leave`).
+                        candidate.granted = True
+                        waiter = candidate
+                        break
+                if not queue:
+                    self._waiters.pop(key, None)
+                if waiter is None:
+                    self._held.discard(key)
+                    return
+            loop = waiter.fut.get_loop()
+            try:
+                running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if loop is running:
+                _wake(waiter.fut)
                 return
-        self._waiters.pop(key, None)
-        self._held.discard(key)
+            try:
+                loop.call_soon_threadsafe(_wake, waiter.fut)
+                return
+            except RuntimeError:
+                pass  # its event loop is closed: nobody is left to take it; the next one
 
 
+#: Take a thread's cross-process lock (True) or find it held (False). All or nothing, even
+#: when the caller is cancelled meanwhile: a lock it took then is given back before the
+#: cancellation is raised.
 TryLock = Callable[[str], Awaitable[bool]]
+#: Give a thread's cross-process lock back, to the end even when the caller is cancelled
+#: meanwhile (the cancellation is raised after).
 Unlock = Callable[[str], Awaitable[None]]
 
 
@@ -119,7 +178,9 @@ async def hold(
             yield
         finally:
             if unlock_remote is not None:
-                await asyncio.shield(unlock_remote(thread_id))
+                # (It runs to its end even if cancelled meanwhile: the thread is free for
+                # everyone once this returns or raises, not some time later.)
+                await unlock_remote(thread_id)
     finally:
         local.release(thread_id)
 

@@ -9,7 +9,7 @@ import contextlib
 import hashlib
 import re
 import select
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -23,18 +23,28 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
+from criogen_graph._aio import uncancelled
 from criogen_graph.adapters.storage.base import (
     DEFERRABLE_TASKS,
+    ENCRYPTION_CLAIM,
+    LEGACY_KEY_CHECK,
+    UNENCRYPTED,
     Backend,
+    MakeRecord,
     SaverMixin,
     Segment,
     TranscriptCache,
+    adopt_claim,
     audit_query,
     cached_head,
+    check_thread_id,
+    import_once,
     records_for_put,
     records_for_writes,
+    redacted_errors,
     segment_for,
     segment_metadata,
+    writing,
 )
 from criogen_graph.errors import StorageError
 
@@ -91,8 +101,22 @@ _INSERT_AUDIT = (
     "INSERT INTO criogen_audit (thread_id, ts_ns, run_id, actor, action, type, details) "
     "VALUES (%s, %s, %s, %s, %s, %s, %s)"
 )
-#: Advisory lock key that serializes schema setup across processes.
-_SETUP_KEY = 0x6372696F67656E  # "criogen"
+#: The advisory lock that serializes the setup of a schema's tables across processes:
+#: (a constant, the hash of the schema). One per schema, so a setup stuck in one schema
+#: holds up no other.
+_SETUP_LOCK = "%s, hashtext(coalesce(current_schema(), ''))"
+_SETUP_CLASS = 0x63726967  # "crig"
+#: How long opening a storage (or its first use of memory) may wait for the tables to be
+#: set up, another process's setup included, before `StorageError("setup_timeout")`.
+SETUP_WAIT_SECS = 120.0
+
+
+def setup_timeout(what: str, why: str) -> StorageError:
+    return StorageError(
+        f"setting up the PostgreSQL {what} took longer than {SETUP_WAIT_SECS:g}s: {why}; "
+        "try again, or look for a stuck process or session",
+        code="setup_timeout",
+    )
 
 
 def safe_url(url: str) -> str:
@@ -107,16 +131,56 @@ def unreachable(url: str, exc: BaseException) -> StorageError:
     return StorageError(f"cannot reach PostgreSQL at {safe_url(url)}: {reason}", code="unreachable")
 
 
+#: SQLSTATEs (besides class 08, connection_exception) with which the server ends a session:
+#: admin_shutdown (`pg_terminate_backend`), crash_shutdown, cannot_connect_now,
+#: database_dropped, idle_session_timeout, idle_in_transaction_session_timeout.
+_SESSION_ENDED = frozenset({"57P01", "57P02", "57P03", "57P04", "57P05", "25P03"})
+
+
+def connection_lost(exc: BaseException, conn: Any = None) -> bool:
+    """Whether `exc` means the connection is gone, as opposed to its statement failing.
+
+    Decided by the connection's state and the SQLSTATE, never by the exception's class:
+    psycopg raises some statement errors (SQLSTATE class 54 program_limit_exceeded, 57014
+    query_canceled, 55P03 lock_not_available) as `OperationalError`, the class of a
+    dropped connection, and closing a connection for one of those would release every
+    lock its session holds. An error without a SQLSTATE comes from the client itself:
+    lost unless `conn` (the connection it came from) is still fine."""
+    import psycopg
+
+    if conn is not None and (conn.closed or conn.broken):
+        return True
+    if not isinstance(exc, psycopg.Error):
+        return False
+    state = exc.sqlstate
+    if state is None:
+        return conn is None and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+    return state.startswith("08") or state in _SESSION_ENDED
+
+
+def statement_failed(exc: BaseException) -> StorageError:
+    """The error for a statement PostgreSQL refused (the connection is fine)."""
+    text = str(exc).strip()
+    reason = text.splitlines()[0] if text else type(exc).__name__
+    state = getattr(exc, "sqlstate", None) or "no SQLSTATE"
+    return StorageError(
+        f"PostgreSQL refused a statement ({state}): {reason}", code="database_error"
+    )
+
+
 @contextlib.contextmanager
 def mapped(url: str) -> Iterator[None]:
-    """Connection failures (a server stopped, restarted or unreachable; a pool that
-    cannot get a connection in time) as `StorageError(code="unreachable")`."""
+    """PostgreSQL's errors as `StorageError`: a connection that failed (a server stopped,
+    restarted or unreachable; a pool that cannot get a connection in time) with
+    `code="unreachable"`, a statement that failed with `code="database_error"`."""
     import psycopg
 
     try:
         yield
-    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-        raise unreachable(url, exc) from exc
+    except psycopg.Error as exc:
+        if connection_lost(exc):
+            raise unreachable(url, exc) from exc
+        raise statement_failed(exc) from exc
 
 
 def lock_key(thread_id: str, kind: bytes = b"criogen-thread:") -> int:
@@ -180,6 +244,33 @@ def _statement(
     return (f"WITH {', '.join(withs)} {body}" if withs else body), params
 
 
+def _delete_statement(thread_id: str, *, audit: bool, epoch: int | None) -> tuple[str, list[Any]]:
+    """One statement deleting a thread's checkpoints, blobs, writes and lock epoch (and
+    with `audit` its audit records), answering `existed` (it had a checkpoint) and
+    `audit_deleted`. With `epoch` (the lock the caller holds) it fails as a whole unless
+    that lock still holds (`criogen_fence`)."""
+    withs: list[str] = []
+    params: list[Any] = []
+    if epoch is not None:
+        withs.append("f AS (SELECT criogen_fence(%s, %s, %s) AS ok)")
+        params += [thread_id, epoch, write_key(thread_id)]
+    withs.append("c AS (DELETE FROM checkpoints WHERE thread_id = %s RETURNING checkpoint_ns)")
+    params.append(thread_id)
+    for i, table in enumerate(("checkpoint_blobs", "checkpoint_writes", "criogen_locks")):
+        withs.append(f"d{i} AS (DELETE FROM {table} WHERE thread_id = %s)")
+        params.append(thread_id)
+    if audit:
+        withs.append("a AS (DELETE FROM criogen_audit WHERE thread_id = %s RETURNING 1)")
+        params.append(thread_id)
+    sql = (
+        f"WITH {', '.join(withs)} SELECT "
+        "(SELECT count(*) FROM c WHERE checkpoint_ns = '') > 0 AS existed, "
+        f"{'(SELECT count(*) FROM a)' if audit else '0'} AS audit_deleted"
+        f"{' FROM f' if epoch is not None else ''}"
+    )
+    return sql, params
+
+
 def lock_lost(thread_id: str) -> StorageError:
     """The error of a run whose lock on the thread is gone."""
     return StorageError(
@@ -221,20 +312,32 @@ def _saver_class() -> type[Any]:
                     raise lock_lost(str(thread_id)) from None
                 raise
 
-        async def _retrying(self, fn: Any) -> Any:
+        async def _retrying(self, fn: Any, *, retry: Any = None) -> Any:
             """`await fn(connection)` on a pooled connection; one that broke (it idled out
             behind a proxy, or the server restarted) is retried once on a fresh one, after
             dropping every pooled connection the server closed. Statements here are
-            idempotent (upserts, reads). A second failure is a StorageError."""
+            idempotent (upserts, reads), unless `retry()` says otherwise when one broke. A
+            second failure is `StorageError("unreachable")`. A statement that failed on a
+            sound connection is no broken connection: `StorageError("database_error")`
+            at once (the fence's own error is raised as it is, for `_write`)."""
             import psycopg
 
             pool: Any = self.conn
             for attempt in (1, 2):
                 try:
                     async with pool.connection() as conn:
-                        return await fn(conn)
-                except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                    if attempt == 2:
+                        try:
+                            return await fn(conn)
+                        except psycopg.Error as exc:
+                            if exc.sqlstate == _FENCE_LOST:
+                                raise
+                            if not connection_lost(exc, conn):
+                                raise statement_failed(exc) from exc
+                            raise
+                except psycopg.Error as exc:
+                    if exc.sqlstate == _FENCE_LOST:
+                        raise
+                    if attempt == 2 or (retry is not None and not retry()):
                         raise unreachable(self.url, exc) from exc
                     with contextlib.suppress(Exception):
                         await pool.check()
@@ -252,10 +355,11 @@ def _saver_class() -> type[Any]:
                     yield item
 
         async def adelete_thread(self, thread_id: str) -> None:
-            with mapped(self.url):
-                await super().adelete_thread(thread_id)
-            # Its lock epoch goes too: a stale run of the thread can write nothing now.
-            await self._execute("DELETE FROM criogen_locks WHERE thread_id = %s", [thread_id])
+            """Delete the thread's checkpoints, writes, blobs and lock epoch (so a stale
+            run of it can write nothing more) in one statement: all or nothing."""
+            thread_id = check_thread_id(str(thread_id))
+            sql, params = _delete_statement(thread_id, audit=False, epoch=None)
+            await self._execute(sql, params)
 
         async def aget_delta_channel_history(self, *, config: Any, channels: Any) -> Any:
             with mapped(self.url):
@@ -326,6 +430,7 @@ def _saver_class() -> type[Any]:
         ) -> None:
             if not writes:
                 return
+            writes = redacted_errors(writes)
             conflict = (
                 _WRITES_UPSERT if all(w[0] in WRITES_IDX_MAP for w in writes) else _WRITES_IGNORE
             )
@@ -339,13 +444,16 @@ def _saver_class() -> type[Any]:
                 writes,
             )
             seg = segment_for(str(configurable["thread_id"]))
-            audit = self.audit_rows(records_for_writes(seg, writes))
-            parts: list[Insert] = [(_WRITES, conflict, list(rows)), (_AUDIT, "", audit)]
-            top = not configurable["checkpoint_ns"]
-            if seg is not None and top and task_path in DEFERRABLE_TASKS:
-                seg.deferred.extend(parts)
-                return
-            await self._write(parts, seg.thread_id if seg is not None else None)
+            with writing(seg, task_id) as ok:
+                if not ok:
+                    return
+                audit = self.audit_rows(records_for_writes(seg, writes))
+                parts: list[Insert] = [(_WRITES, conflict, list(rows)), (_AUDIT, "", audit)]
+                top = not configurable["checkpoint_ns"]
+                if seg is not None and top and task_path in DEFERRABLE_TASKS:
+                    seg.deferred.extend(parts)
+                    return
+                await self._write(parts, seg.thread_id if seg is not None else None)
 
         async def flush_deferred(self, seg: Segment) -> None:
             """Save the writes held back for `seg` whose checkpoint never came (the run
@@ -362,7 +470,8 @@ def _saver_class() -> type[Any]:
             from langgraph.checkpoint.base import get_checkpoint_id
 
             configurable = config["configurable"]
-            thread_id = configurable["thread_id"]
+            # (LangGraph reads a thread's head before it writes anything to it.)
+            thread_id = check_thread_id(str(configurable["thread_id"]))
             checkpoint_id = get_checkpoint_id(config)
             checkpoint_ns = configurable.get("checkpoint_ns", "")
             if checkpoint_id:
@@ -473,6 +582,7 @@ class PostgresBackend(Backend):
 
     async def open(self) -> None:
         try:
+            import_once("psycopg", "psycopg_pool", "langgraph.checkpoint.postgres.aio")
             from psycopg.rows import dict_row
             from psycopg_pool import AsyncConnectionPool
         except ImportError as exc:  # pragma: no cover - depends on the install
@@ -503,15 +613,18 @@ class PostgresBackend(Backend):
         saver = _saver_class()(pool, serde=self._serde)
         saver.transcripts = TranscriptCache()
         saver.url = self.url
-        async with self._lock_guard:
-            await self._lock_conn.execute("SELECT pg_advisory_lock(%s)", (_SETUP_KEY,))
-            try:
-                await saver.setup()
-                async with pool.connection() as conn:
-                    for stmt in _SCHEMA:
-                        await conn.execute(stmt)
-            finally:
-                await self._lock_conn.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_KEY,))
+
+        async def migrate() -> None:
+            await saver.setup()
+            async with pool.connection() as conn:
+                for stmt in _SCHEMA:
+                    await conn.execute(stmt)
+
+        try:
+            await self._set_up("tables", migrate)
+        except BaseException:
+            await self.close()
+            raise
         saver.fence = self._check_lock
         self.saver = saver
         self.try_lock = self._try_lock
@@ -519,17 +632,58 @@ class PostgresBackend(Backend):
 
     async def open_store(self) -> Any:
         if self.store is None:
+            import_once("langgraph.store.postgres.aio")
             from langgraph.store.postgres.aio import AsyncPostgresStore
 
             store = AsyncPostgresStore(self._pool)
-            async with self._lock_guard:
-                await self._lock_conn.execute("SELECT pg_advisory_lock(%s)", (_SETUP_KEY,))
-                try:
-                    await store.setup()
-                finally:
-                    await self._lock_conn.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_KEY,))
+            await self._set_up("memory and collections tables", store.setup)
             self.store = store
         return self.store
+
+    async def _set_up(self, what: str, migrate: Callable[[], Awaitable[None]]) -> None:
+        """Run `migrate` (creating or migrating tables) while no other process does, within
+        `SETUP_WAIT_SECS`, else `StorageError(code="setup_timeout")`.
+
+        The setup lock is polled, not waited for in a statement: a statement blocked on
+        it is an open transaction, which LangGraph's `CREATE INDEX CONCURRENTLY` (run by
+        the holder) waits for, so two processes starting together on a new database
+        would wait for each other forever."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SETUP_WAIT_SECS
+        delay = 0.005
+        while True:
+            async with self._lock_guard:
+                conn = await self._lock_connection()
+                with mapped(self.url):
+                    cur = await conn.execute(
+                        f"SELECT pg_try_advisory_lock({_SETUP_LOCK}) AS ok", (_SETUP_CLASS,)
+                    )
+                    row = await cur.fetchone()
+            if row and row["ok"]:
+                break
+            left = deadline - loop.time()
+            if left <= 0:
+                raise setup_timeout(what, "another process is setting up this database")
+            await asyncio.sleep(min(delay, left))
+            delay = min(delay * 1.5, 0.2)
+        try:
+            with mapped(self.url):
+                async with asyncio.timeout_at(deadline):
+                    await migrate()
+        except TimeoutError:
+            raise setup_timeout(
+                what,
+                "the migrations did not finish (CREATE INDEX CONCURRENTLY waits for every "
+                "open transaction: is a session idle in a transaction?)",
+            ) from None
+        finally:
+            await uncancelled(self._unlock_setup(conn))
+
+    async def _unlock_setup(self, conn: Any) -> None:
+        async with self._lock_guard:
+            if conn is self._lock_conn and not (conn.closed or conn.broken):
+                with contextlib.suppress(Exception):  # a lost session took the lock with it
+                    await conn.execute(f"SELECT pg_advisory_unlock({_SETUP_LOCK})", (_SETUP_CLASS,))
 
     async def _lock_connection(self) -> Any:
         conn = self._lock_conn
@@ -539,24 +693,54 @@ class PostgresBackend(Backend):
         return conn
 
     async def _try_lock(self, thread_id: str) -> bool:
+        """Take the thread's lock (see `_TRY_LOCK`): all or nothing, even if the caller is
+        cancelled while the statement is in flight (cancelling it half way would leave
+        the session holding a lock nobody counts: the thread busy for every other
+        process until this one closes its storage)."""
+        check_thread_id(thread_id)
+        take = asyncio.ensure_future(self._take(thread_id))
+        cancelled = False
+        while not take.done():
+            try:
+                await asyncio.wait((take,))
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            # (Also when the statement had just finished: its answer is not lost.)
+            if not take.cancelled() and take.exception() is None and take.result():
+                await uncancelled(self._give_back(thread_id))
+            raise asyncio.CancelledError
+        return take.result()
+
+    async def _take(self, thread_id: str) -> bool:
         import psycopg
 
+        key = lock_key(thread_id)
         async with self._lock_guard:
             for attempt in (1, 2):
                 conn = await self._lock_connection()
                 try:
-                    key = lock_key(thread_id)
                     cur = await conn.execute(_TRY_LOCK, (key, write_key(thread_id), key, thread_id))
                     row = await cur.fetchone()
-                    if row and row["ok"]:
-                        self._held[thread_id] = (conn, row["epoch"])
-                        return True
-                    return False
-                except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                    # The server restarted under an idle lock connection: a new one.
-                    await conn.close()
+                except psycopg.Error as exc:
+                    if not connection_lost(exc, conn):
+                        # The statement failed, not the session: it keeps every other
+                        # lock. A session lock the statement took stays taken even
+                        # though the statement rolled back: give it back.
+                        with contextlib.suppress(psycopg.Error):
+                            await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+                        raise statement_failed(exc) from exc
+                    # The server ended the session (a restart, an idle timeout): its
+                    # locks went with it, and a new one takes this lock.
+                    with contextlib.suppress(Exception):
+                        await conn.close()
                     if attempt == 2:
                         raise self._unreachable(exc) from exc
+                    continue
+                if row and row["ok"]:
+                    self._held[thread_id] = (conn, row["epoch"])
+                    return True
+                return False
             raise AssertionError("unreachable")
 
     async def _check_lock(self, thread_id: str) -> int | None:
@@ -576,17 +760,28 @@ class PostgresBackend(Backend):
                 readable = [True]
             if not readable:
                 return int(epoch)
-            import psycopg
-
-            try:
-                async with self._lock_guard:
-                    await conn.execute("SELECT 1")
+            if await uncancelled(self._alive(conn)):
                 return int(epoch)  # only a notice: the session is alive
-            except (psycopg.OperationalError, psycopg.InterfaceError):
-                pass
         raise lock_lost(thread_id)
 
+    async def _alive(self, conn: Any) -> bool:
+        """Whether the lock session `conn` still answers (run to its end: a statement of
+        the lock session cut off half way may cost the session, and every lock in it)."""
+        import psycopg
+
+        try:
+            async with self._lock_guard:
+                await conn.execute("SELECT 1")
+        except psycopg.Error as exc:
+            return not connection_lost(exc, conn)
+        return True
+
     async def _unlock(self, thread_id: str) -> None:
+        """Give the thread's lock back, to the end even if the caller is cancelled
+        meanwhile (then the cancellation is raised after)."""
+        await uncancelled(self._give_back(thread_id))
+
+    async def _give_back(self, thread_id: str) -> None:
         async with self._lock_guard:
             held = self._held.pop(thread_id, None)
             conn = self._lock_conn
@@ -603,7 +798,19 @@ class PostgresBackend(Backend):
             self.store = None
         if self._pool is not None:
             pool, self._pool = self._pool, None
-            await pool.close()
+            idle = list(getattr(pool, "_pool", ()))
+            try:
+                await pool.close()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise
+                # The pool's own tasks were cancelled before (an event loop that ends
+                # cancels every task, then closes the backends): the pool gave up
+                # waiting for them without closing its idle connections.
+                for conn in idle:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
         if self._lock_conn is not None:
             conn, self._lock_conn = self._lock_conn, None
             await conn.close()
@@ -636,6 +843,38 @@ class PostgresBackend(Backend):
             cur = await conn.execute("DELETE FROM criogen_audit WHERE thread_id = %s", (thread_id,))
             return int(cur.rowcount)
 
+    async def delete_thread(self, thread_id: str, make_record: MakeRecord, *, audit: bool) -> bool:
+        """One transaction: the thread's rows go (fenced by the lock the caller holds, so
+        a caller whose lock was taken over deletes nothing) and the record is saved."""
+        import psycopg
+
+        saver = cast(Any, self.saver)
+        epoch = await self._check_lock(thread_id)
+        sql, params = _delete_statement(thread_id, audit=audit, epoch=epoch)
+        committing = False
+
+        async def run(conn: Any) -> bool:
+            nonlocal committing
+            async with conn.transaction():
+                try:
+                    cur = await conn.execute(sql, params)
+                except psycopg.Error as exc:
+                    if exc.sqlstate == _FENCE_LOST:
+                        raise lock_lost(thread_id) from None
+                    raise
+                row = await cur.fetchone()
+                existed = bool(row["existed"])
+                rows = saver.audit_rows([make_record(existed, int(row["audit_deleted"]))])
+                await conn.execute(_INSERT_AUDIT, rows[0])
+                # A connection lost from here on may have committed: not tried again
+                # (that would record a second deletion).
+                committing = True
+            return existed
+
+        existed: bool = await saver._retrying(run, retry=lambda: not committing)
+        saver.transcripts.forget(thread_id)
+        return existed
+
     async def thread_ids(self) -> list[str]:
         async with self._connection() as conn:
             cur = await conn.execute(
@@ -644,16 +883,62 @@ class PostgresBackend(Backend):
             )
             return [r["thread_id"] for r in await cur.fetchall()]
 
-    async def get_meta(self, key: str) -> bytes | None:
-        async with self._connection() as conn:
+    async def claim_encryption(self, claim: bytes) -> bytes | None:
+        async def read(conn: Any, key: str) -> bytes | None:
             cur = await conn.execute("SELECT value FROM criogen_meta WHERE key = %s", (key,))
             row = await cur.fetchone()
             return bytes(row["value"]) if row else None
 
-    async def set_meta(self, key: str, value: bytes) -> None:
+        async def has_data(conn: Any) -> bool:
+            tables = ["checkpoints", "checkpoint_writes", "criogen_audit"]
+            cur = await conn.execute("SELECT to_regclass('store') IS NOT NULL AS found")
+            if (await cur.fetchone())["found"]:
+                tables.append("store")
+            query = " OR ".join(f"EXISTS (SELECT 1 FROM {t})" for t in tables)
+            cur = await conn.execute(f"SELECT {query} AS found")
+            return bool((await cur.fetchone())["found"])
+
         async with self._connection() as conn:
-            await conn.execute(
-                "INSERT INTO criogen_meta (key, value) VALUES (%s, %s) "
-                "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-                (key, value),
-            )
+            found = await read(conn, ENCRYPTION_CLAIM)
+            if found is not None:  # (a claim, once recorded, never changes)
+                return found
+            async with conn.transaction():
+                legacy = await read(conn, LEGACY_KEY_CHECK)
+                data = legacy is None and await has_data(conn)
+                value, record = adopt_claim(None, legacy, claim, data)
+                if not record or value is None:
+                    return value
+                cur = await conn.execute(
+                    "INSERT INTO criogen_meta (key, value) VALUES (%s, %s) "
+                    "ON CONFLICT (key) DO NOTHING RETURNING value",
+                    (ENCRYPTION_CLAIM, value),
+                )
+                if await cur.fetchone() is None:
+                    # Another opener's claim came first (this insert waited for it to
+                    # commit); a new statement sees it.
+                    return await read(conn, ENCRYPTION_CLAIM)
+                if value != UNENCRYPTED:
+                    await conn.execute(
+                        "INSERT INTO criogen_meta (key, value) VALUES (%s, %s) "
+                        "ON CONFLICT (key) DO NOTHING",
+                        (LEGACY_KEY_CHECK, value),
+                    )
+                return value
+
+    def abandon(self) -> None:
+        # Its event loop is closed: the pool's tasks can never run again. Their coroutines
+        # are closed here (left to the garbage collector, each would raise "Event loop
+        # is closed" from a finalizer), and the sockets too.
+        pool = self._pool
+        conns = [self._lock_conn, *getattr(pool, "_pool", ())]
+        tasks = [*getattr(pool, "_workers", ()), getattr(pool, "_sched_runner", None)]
+        self._lock_conn = self._pool = None
+        self.store = None
+        for task in tasks:
+            if task is not None and not task.done():
+                with contextlib.suppress(BaseException):
+                    task.get_coro().close()
+        for conn in conns:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.pgconn.finish()

@@ -14,9 +14,13 @@ thread does, in the background.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
+import os
 import sqlite3
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -36,15 +40,24 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.checkpoint.sqlite.utils import load_pending_writes, pending_writes_sql
 
 from criogen_graph.adapters.storage.base import (
+    ENCRYPTION_CLAIM,
+    LEGACY_KEY_CHECK,
+    UNENCRYPTED,
     Backend,
+    MakeRecord,
     SaverMixin,
     TranscriptCache,
+    adopt_claim,
     audit_query,
     cached_head,
+    check_thread_id,
+    import_once,
     records_for_put,
     records_for_writes,
+    redacted_errors,
     segment_for,
     segment_metadata,
+    writing,
 )
 from criogen_graph.adapters.storage.locks import FileLocks
 from criogen_graph.errors import StorageError
@@ -202,6 +215,7 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
         task_path: str = "",
     ) -> None:
         await self.setup()
+        writes = redacted_errors(writes)
         query = (
             "INSERT OR REPLACE INTO writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
             "task_path, idx, channel, type, value) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -225,22 +239,27 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
             )
             for idx, (channel, value) in enumerate(writes)
         ]
-        audit = self.audit_rows(records_for_writes(segment_for(thread_id), writes))
+        seg = segment_for(thread_id)
+        with writing(seg, task_id) as ok:
+            if not ok:
+                return
+            audit = self.audit_rows(records_for_writes(seg, writes))
 
-        def write(db: sqlite3.Connection) -> None:
-            db.executemany(query, rows)
-            if audit:
-                db.executemany(_INSERT_AUDIT, audit)
-            db.commit()
+            def write(db: sqlite3.Connection) -> None:
+                db.executemany(query, rows)
+                if audit:
+                    db.executemany(_INSERT_AUDIT, audit)
+                db.commit()
 
-        await self._run(write)
+            await self._run(write)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         hit, head = cached_head(config)
         if hit:
             return cast(CheckpointTuple | None, head)
         await self.setup()
-        thread_id = str(config["configurable"]["thread_id"])
+        # (LangGraph reads a thread's head before it writes anything to it.)
+        thread_id = check_thread_id(str(config["configurable"]["thread_id"]))
         checkpoint_ns = config["configurable"].get("checkpoint_ns", "")
         checkpoint_id = get_checkpoint_id(config)
         writes_sql = pending_writes_sql(self._has_task_path)
@@ -324,6 +343,49 @@ def parse_sqlite_url(url: str) -> str:
 
 #: How long opening a file waits for another process's write to finish.
 OPEN_WAIT_SECS = 5.0
+#: How long opening waits for other processes setting the same file up.
+SETUP_WAIT_SECS = 120.0
+
+
+@contextlib.asynccontextmanager
+async def _setting_up(path: str) -> AsyncIterator[None]:
+    """Set the file's tables up one connection at a time, across processes (an `flock`
+    on `<db>.locks/setup.lock`, freed by the kernel if its holder dies). Connections
+    creating a fresh file's schema together can deadlock in SQLite's locking, which
+    then fails one at once with "database is locked" instead of letting it wait."""
+    if path == ":memory:":
+        yield
+        return
+    lock = Path(path + ".locks") / "setup.lock"
+
+    def take() -> int | None:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    deadline = time.monotonic() + SETUP_WAIT_SECS
+    delay = 0.002
+    while (fd := await asyncio.to_thread(take)) is None:
+        if time.monotonic() > deadline:
+            raise StorageError(
+                f"setting up SQLite file {path!r} took longer than {SETUP_WAIT_SECS:g}s: "
+                "another process is setting it up; try again, or look for a stuck process",
+                code="setup_timeout",
+            )
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, 0.05)
+    try:
+        yield
+    finally:
+        os.close(fd)  # (closing the file releases its lock)
 
 
 def _fast_connection(path: str) -> sqlite3.Connection | None:
@@ -401,7 +463,8 @@ class SqliteBackend(Backend):
         try:
             fast = await asyncio.to_thread(_fast_connection, self.path)
             saver = _Saver(conn, self._serde, fast)
-            await saver.setup()
+            async with _setting_up(self.path):
+                await saver.setup()
             # Fails now, not mid-run, on a file that cannot be written.
             await conn.execute("BEGIN IMMEDIATE")
             await conn.rollback()
@@ -423,6 +486,7 @@ class SqliteBackend(Backend):
 
     async def open_store(self) -> Any:
         if self.store is None:
+            import_once("langgraph.store.sqlite.aio")
             from langgraph.store.sqlite.aio import AsyncSqliteStore
 
             # Its own connection (in autocommit mode: the store issues its own BEGIN), so
@@ -431,7 +495,12 @@ class SqliteBackend(Backend):
             conn._thread.daemon = True
             await conn
             store = AsyncSqliteStore(conn)
-            await store.setup()
+            try:
+                async with _setting_up(self.path):
+                    await store.setup()
+            except BaseException:
+                await conn.close()
+                raise
             self._store_conn = conn
             self.store = store
         return self.store
@@ -486,6 +555,32 @@ class SqliteBackend(Backend):
 
         return int(await saver._run(delete))
 
+    async def delete_thread(self, thread_id: str, make_record: MakeRecord, *, audit: bool) -> bool:
+        """One transaction (one function on one connection, committed once)."""
+        saver = cast(_Saver, self.saver)
+
+        def delete(db: sqlite3.Connection) -> bool:
+            existed = (
+                db.execute(
+                    "SELECT 1 FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' LIMIT 1",
+                    (thread_id,),
+                ).fetchone()
+                is not None
+            )
+            db.execute("DELETE FROM checkpoints WHERE thread_id = ?", (thread_id,))
+            db.execute("DELETE FROM writes WHERE thread_id = ?", (thread_id,))
+            removed = 0
+            if audit:
+                cur = db.execute("DELETE FROM criogen_audit WHERE thread_id = ?", (thread_id,))
+                removed = int(cur.rowcount)
+            db.executemany(_INSERT_AUDIT, saver.audit_rows([make_record(existed, removed)]))
+            db.commit()
+            return existed
+
+        existed = bool(await saver._run(delete))
+        saver.transcripts.forget(thread_id)
+        return existed
+
     async def thread_ids(self) -> list[str]:
         saver = cast(_Saver, self.saver)
 
@@ -498,24 +593,62 @@ class SqliteBackend(Backend):
 
         return list(await saver._run(read, write=False))
 
-    async def get_meta(self, key: str) -> bytes | None:
+    async def claim_encryption(self, claim: bytes) -> bytes | None:
         saver = cast(_Saver, self.saver)
 
-        def read(db: sqlite3.Connection) -> bytes | None:
-            rows = db.execute("SELECT value FROM criogen_meta WHERE key = ?", (key,)).fetchall()
-            return bytes(rows[0][0]) if rows else None
+        def read(db: sqlite3.Connection, key: str) -> bytes | None:
+            row = db.execute("SELECT value FROM criogen_meta WHERE key = ?", (key,)).fetchone()
+            return bytes(row[0]) if row else None
 
-        # Read when the storage opens: on the worker thread, like every open-time step.
-        found: bytes | None = await saver._run(read, write=False, inline=False)
+        def has_data(db: sqlite3.Connection) -> bool:
+            tables = ["checkpoints", "writes", "criogen_audit"]
+            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'store'").fetchone():
+                tables.append("store")
+            query = " OR ".join(f"EXISTS (SELECT 1 FROM {t})" for t in tables)
+            return bool(db.execute(f"SELECT {query}").fetchone()[0])
+
+        def run(db: sqlite3.Connection) -> bytes | None:
+            found = read(db, ENCRYPTION_CLAIM)
+            if found is not None:  # (a claim, once recorded, never changes)
+                return found
+            # The write lock first: the claim read next is the one this transaction
+            # either keeps or records its own over, with no opener in between.
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                current, legacy = read(db, ENCRYPTION_CLAIM), read(db, LEGACY_KEY_CHECK)
+                data = current is None and legacy is None and has_data(db)
+                value, record = adopt_claim(current, legacy, claim, data)
+                if record and value is not None:
+                    db.execute(
+                        "INSERT INTO criogen_meta (key, value) VALUES (?, ?)",
+                        (ENCRYPTION_CLAIM, value),
+                    )
+                    if value != UNENCRYPTED:
+                        db.execute(
+                            "INSERT OR IGNORE INTO criogen_meta (key, value) VALUES (?, ?)",
+                            (LEGACY_KEY_CHECK, value),
+                        )
+                db.commit()
+            except BaseException:
+                db.rollback()
+                raise
+            return value
+
+        # When the storage opens: on the worker thread (which waits for a busy file),
+        # like every open-time step.
+        found: bytes | None = await saver._run(run, inline=False)
         return found
 
-    async def set_meta(self, key: str, value: bytes) -> None:
-        saver = cast(_Saver, self.saver)
-
-        def write(db: sqlite3.Connection) -> None:
-            db.execute(
-                "INSERT OR REPLACE INTO criogen_meta (key, value) VALUES (?, ?)", (key, value)
-            )
-            db.commit()
-
-        await saver._run(write, inline=False)
+    def abandon(self) -> None:
+        # Its event loop is gone: the worker threads close their connections and stop
+        # (queued behind whatever they still had to do); the rest is closed here.
+        for conn in (self._store_conn, self._conn):
+            if conn is not None:
+                conn.stop()
+        self._store_conn = self._conn = None
+        self.store = None
+        if self._files is not None:
+            self._files.close()
+        saver = getattr(self, "saver", None)
+        if isinstance(saver, _Saver):
+            saver.close_fast()
