@@ -7,29 +7,34 @@ import contextvars
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from langgraph.errors import GraphBubbleUp
 
+from criogen_graph._aio import cancel_pending, uncancelled
 from criogen_graph._observe import observe, run_redactor
 from criogen_graph._output import OutputSpec
 from criogen_graph.adapters.models import resolve_model
 from criogen_graph.approvals import Approval, compile_approvals
 from criogen_graph.errors import (
     MODEL_ERROR_KINDS,
-    CancelledError,
     LimitExceededError,
     ValidationError,
 )
-from criogen_graph.hooks import HookAction, HookContext, HookFailedError, call_hook, compile_hooks
+from criogen_graph.hooks import (
+    HookAction,
+    HookContext,
+    HookFailedError,
+    call_hook,
+    compile_hooks,
+)
 from criogen_graph.nodes.approval import APPROVAL_INTERRUPT
 from criogen_graph.nodes.model import API_RUN
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.nodes.state import new_run
 from criogen_graph.nodes.tools import ToolOutput
 from criogen_graph.options import Limits, Retry
-from criogen_graph.results import ApprovalRequest, RunResult, empty_usage
+from criogen_graph.results import ApprovalRequest, PendingApprovals, RunResult, empty_usage
 from criogen_graph.tools import Tool, ToolContext, ToolError, ToolSource, check_tool_name
 
 if TYPE_CHECKING:
@@ -262,7 +267,9 @@ class Agent(Generic[Output]):
 
     def thread(self, thread_id: str, *, actor: str | None = None) -> Thread[Output]:
         """The conversation `thread_id` (created on first use); `actor` names who acts, for
-        the audit trail. Nothing is read or written until a method of the thread runs."""
+        the audit trail. Nothing is read or written until a method of the thread runs. An
+        id no storage can keep (over 1,024 UTF-8 bytes, a NUL, a lone surrogate) raises
+        `ValidationError` here."""
         from criogen_graph.thread import Thread
 
         return Thread(self, thread_id, actor=actor)
@@ -325,12 +332,12 @@ class Agent(Generic[Output]):
                 API_RUN.reset(api_run)
             values = out.value
             result = self._result(values, out.interrupts, run_id, started)
-        except asyncio.CancelledError as exc:
+        except asyncio.CancelledError:
+            # The caller's own cancellation goes on as it is, so `asyncio.timeout`,
+            # `wait_for` and `TaskGroup` recognise it.
             if hooks.on_end:
-                await self._on_end(run_id, values, [user], run_state, "failed")
-            if isinstance(exc, CancelledError):
-                raise
-            raise CancelledError("the run was cancelled") from exc
+                await uncancelled(self._on_end(run_id, values, [user], run_state, "failed"))
+            raise
         except GraphBubbleUp:
             # Run as a tool of another agent (a subgraph of its run), this agent stopped
             # for approval: the interrupt surfaces on the caller's thread.
@@ -409,11 +416,17 @@ class Agent(Generic[Output]):
         result = cls(
             text=text,
             output=output,
-            messages=messages,
+            messages=list(messages),  # the caller's own list, not the cached one
             usage=dict(run.get("usage") or empty_usage()),
             stop_reason=stop,
             needs_approval=bool(approvals),
-            approvals=approvals,
+            # A thread's reply names the checkpoint that asked, so an answer pinned to
+            # `reply.approvals` tells these requests from any later one.
+            approvals=PendingApprovals(
+                approvals,
+                checkpoint_id=extra.get("checkpoint_id") or None,
+                version=extra.get("version"),
+            ),
             model_calls=run.get("model_calls", 0),
             tool_calls=run.get("tool_calls", 0),
             run_id=run.get("run_id") or run_id,
@@ -450,17 +463,18 @@ class Agent(Generic[Output]):
     ) -> dict[str, Any]:
         states = dict(hook_states)
         for name, fn in self._spec.hooks.on_start:
-            ctx = HookContext(
-                run_id=run_id,
-                messages=messages,
-                model_calls=0,
-                hook_state=states.get(name),
-                state=MappingProxyType(state),
-            )
+            ctx = HookContext.of_run(run_id, messages, 0, states.get(name), state)
             try:
                 action = await call_hook(fn, ctx)
-            except asyncio.CancelledError:
-                raise
+            except asyncio.CancelledError as exc:
+                if cancel_pending():
+                    raise
+                raise HookFailedError(
+                    f"hook {name!r} raised asyncio.CancelledError in on_start (the run was "
+                    "not cancelled)",
+                    hook=name,
+                    method="on_start",
+                ) from exc
             except Exception as exc:
                 raise HookFailedError(
                     f"hook {name!r} raised in on_start: {type(exc).__name__}: {exc}",
@@ -498,17 +512,20 @@ class Agent(Generic[Output]):
         messages = (values or {}).get("messages") or fallback_messages
         states = run.get("hooks") or {}
         for name, fn in self._spec.hooks.on_end:
-            ctx = HookContext(
-                run_id=run_id,
-                messages=messages,
-                model_calls=run.get("model_calls", 0),
-                hook_state=states.get(name),
-                state=MappingProxyType(state),
+            ctx = HookContext.of_run(
+                run_id, messages, run.get("model_calls", 0), states.get(name), state
             )
             try:
                 await call_hook(fn, ctx, outcome)
             except asyncio.CancelledError:
-                raise
+                if cancel_pending():
+                    raise
+                # Raised by the hook itself (the run was not cancelled): its failure.
+                import logging
+
+                logging.getLogger("criogen_graph").exception(
+                    "hook %r raised asyncio.CancelledError in on_end (ignored)", name
+                )
             except Exception:
                 # on_end cannot change the outcome; its failure is logged, not raised.
                 import logging

@@ -140,10 +140,13 @@ class ToolExecutionError(CriogenError):
 
 
 class CancelledError(CriogenError, asyncio.CancelledError):
-    """The run was cancelled (its awaiting task, or `Stream.cancel()`).
+    """A run was cancelled by someone other than the awaiter: `await stream.reply()`
+    after `Stream.cancel()` (or after the task iterating the stream was cancelled).
 
-    Also an `asyncio.CancelledError`, so asyncio's own cancellation handling sees it. On a
-    thread the run is saved and `retry()` continues it.
+    A task cancelled from outside (`task.cancel()`, `asyncio.timeout`, `wait_for`, a
+    `TaskGroup`) gets its own plain `asyncio.CancelledError` back, once the run is saved,
+    so asyncio's constructs behave as documented. This class is also an
+    `asyncio.CancelledError`. On a thread the run is saved and `retry()` continues it.
     """
 
     code = "cancelled"
@@ -164,6 +167,10 @@ class ThreadBusyError(CriogenError):
 class StorageError(CriogenError):
     """The storage cannot be opened, read or written (bad URL, unreachable database, ...).
     `code` says which: `unreachable`, `lock_lost` (PostgreSQL ended the session holding the
-    thread's lock mid-run; nothing more was written, `retry()` continues), ..."""
+    thread's lock mid-run; nothing more was written, `retry()` continues),
+    `database_error` (PostgreSQL refused a statement; the message names its SQLSTATE; the
+    connection and every other run are unaffected), `setup_timeout` (creating or
+    migrating the tables, another process's setup included, took longer than its bound),
+    ..."""
 
     code = "storage_error"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import marshal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from criogen_graph.errors import CriogenError, ValidationError
@@ -53,16 +55,102 @@ class Hook:
         return type(self).__name__
 
 
-@dataclass(frozen=True, slots=True)
 class HookContext:
     """What a hook sees: the run id, the transcript so far, the model calls made in this
-    run, what this hook saved with `HookAction(state=...)`, and the run state (read-only)."""
+    run, what this hook saved with `HookAction(state=...)`, and the run state (read-only).
+
+    `messages`, `hook_state` and `state` are the hook's own copies: changing them in
+    place changes nothing in the run or the saved thread (return a `HookAction` to). The
+    copy of the transcript is made when `messages` is first read, so a hook that does not
+    read it costs nothing on a long thread. The context itself is read-only.
+    """
+
+    __slots__ = ("_copy", "_source", "hook_state", "model_calls", "run_id", "state")
 
     run_id: str
-    messages: list[dict[str, Any]]
     model_calls: int
     hook_state: Any
     state: Mapping[str, Any]
+    _copy: list[dict[str, Any]] | None
+    _source: Sequence[Mapping[str, Any]] | None
+
+    def __init__(
+        self,
+        run_id: str,
+        messages: list[dict[str, Any]],
+        model_calls: int,
+        hook_state: Any,
+        state: Mapping[str, Any],
+    ) -> None:
+        setattr_ = object.__setattr__
+        setattr_(self, "run_id", run_id)
+        setattr_(self, "model_calls", model_calls)
+        setattr_(self, "hook_state", hook_state)
+        setattr_(self, "state", state)
+        setattr_(self, "_copy", messages)
+        setattr_(self, "_source", None)
+
+    @classmethod
+    def of_run(
+        cls,
+        run_id: str,
+        transcript: Sequence[Mapping[str, Any]],
+        model_calls: int,
+        hook_state: Any,
+        state: Mapping[str, Any],
+    ) -> HookContext:
+        """The context the library hands a hook: `messages` is a copy of `transcript`
+        (made on first read), `hook_state` and `state` copies too."""
+        ctx = cls(
+            run_id,
+            [],
+            model_calls,
+            copy_value(hook_state),
+            MappingProxyType(copy_value(dict(state))),
+        )
+        object.__setattr__(ctx, "_copy", None)
+        object.__setattr__(ctx, "_source", transcript)
+        return ctx
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The transcript so far (this hook's own copy)."""
+        copied: list[dict[str, Any]] | None = self._copy
+        if copied is None:
+            copied = copy_messages(self._source or ())
+            object.__setattr__(self, "_copy", copied)
+            object.__setattr__(self, "_source", None)
+        return copied
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"HookContext is read-only: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"HookContext is read-only: cannot delete {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, HookContext):
+            return NotImplemented
+        return _fields(self) == _fields(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"HookContext(run_id={self.run_id!r}, messages=[{len(self.messages)} messages], "
+            f"model_calls={self.model_calls!r}, hook_state={self.hook_state!r}, "
+            f"state={dict(self.state)!r})"
+        )
+
+
+def _fields(ctx: HookContext) -> tuple[Any, ...]:
+    return (ctx.run_id, ctx.messages, ctx.model_calls, ctx.hook_state, dict(ctx.state))
+
+
+def copied_messages(ctx: HookContext) -> list[dict[str, Any]]:
+    """The copy of the transcript the hook read (empty if it read none): what it may
+    hand back unchanged in a `HookAction`."""
+    return ctx._copy or []
 
 
 _UNSET: Any = object()
@@ -219,6 +307,48 @@ def compile_hooks(hooks: Sequence[object]) -> CompiledHooks:
         after_tool=tuple(reversed(per["after_tool"])),
         on_end=tuple(reversed(per["on_end"])),
     )
+
+
+def copy_value(value: Any) -> Any:
+    """A copy of a JSON-like value (dicts, lists, tuples and sets copied all the way
+    down, anything else shared), for a hook to change as it likes."""
+    kind = type(value)
+    if kind is dict:
+        return {k: copy_value(v) for k, v in value.items()}
+    if kind is list:
+        return [copy_value(v) for v in value]
+    if kind is tuple:
+        return tuple(copy_value(v) for v in value)
+    if kind is set:
+        return {copy_value(v) for v in value}
+    return value
+
+
+_NESTED = (dict, list, tuple, set)
+
+
+def copy_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The transcript as a hook gets it: a list of copied messages. Hooks are handed
+    copies because the transcript they would otherwise share is the run's own (and this
+    process's cached copy of the saved thread): an in-place change would reach neither
+    storage nor the model reliably, only fork the cache from what is saved."""
+    try:
+        # A transcript is plain data (dicts, lists, strings, numbers): `marshal` copies it
+        # in C, a few times faster than walking it, which counts on long threads.
+        copied: list[dict[str, Any]] = marshal.loads(marshal.dumps(messages))  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        pass  # something marshal does not write (an object, a dict subclass): walk it
+    else:
+        if type(copied) is list:
+            return copied
+    out = []
+    for m in messages:
+        c = dict(m)
+        for k, v in c.items():
+            if type(v) in _NESTED:
+                c[k] = copy_value(v)
+        out.append(c)
+    return out
 
 
 async def call_hook(fn: Callable[..., Any], *args: Any) -> Any:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
+from criogen_graph._aio import uncancelled
 from criogen_graph.errors import CancelledError
 from criogen_graph.results import ApprovalRequest
 
@@ -127,7 +128,6 @@ class Stream(Generic[Output]):
         self._run = run
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task: asyncio.Task[Reply[Output]] | None = None
-        self._exhausted = False
 
     def emit(self, event: StreamEvent) -> None:
         """Queue an event (used by the runtime)."""
@@ -145,24 +145,7 @@ class Stream(Generic[Output]):
             self._queue.put_nowait(_END)
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
-        return self._events()
-
-    async def _events(self) -> AsyncIterator[StreamEvent]:
-        task = self._start()
-        try:
-            while True:
-                item = await self._queue.get()
-                if item is _END:
-                    self._exhausted = True
-                    if task.done() and not task.cancelled() and task.exception() is not None:
-                        # A failed run fails the loop too (reply() raises it again).
-                        raise task.exception()  # type: ignore[misc]
-                    return
-                yield item
-        finally:
-            if not self._exhausted and not task.done():
-                # The consumer left the loop, or its task was cancelled: stop the run.
-                task.cancel()
+        return _Events(self, self._start())
 
     def cancel(self) -> None:
         """Cancel the run (it is saved; `retry()` continues it)."""
@@ -194,3 +177,52 @@ class Stream(Generic[Output]):
             self._task.cancel()
             with contextlib.suppress(BaseException):
                 await self._task
+
+
+class _Events:
+    """One iteration over a stream's events. Leaving it early stops the run: `break`
+    cancels the run at once (when the iterator is dropped), and `aclose()` or a
+    cancellation of the iterating task also wait until the run has unwound (saved,
+    its lock released), so the thread can be retried right away."""
+
+    __slots__ = ("_done", "_stream", "_task")
+
+    def __init__(self, stream: Stream[Any], task: asyncio.Task[Any]) -> None:
+        self._stream = stream
+        self._task = task
+        self._done = False
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            item = await self._stream._queue.get()
+        except BaseException:
+            # The iterating task was cancelled: so is the run.
+            await self.aclose()
+            raise
+        if item is _END:
+            self._done = True
+            task = self._task
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                # A failed run fails the loop too (reply() raises it again).
+                raise task.exception()  # type: ignore[misc]
+            raise StopAsyncIteration
+        return item  # type: ignore[no-any-return]
+
+    async def aclose(self) -> None:
+        """Stop the run (unless it ended) and wait until it has unwound."""
+        task = self._task
+        if not self._done and not task.done():
+            task.cancel()
+        self._done = True
+        if not task.done():
+            await uncancelled(asyncio.wait((task,)))
+
+    def __del__(self) -> None:
+        if not self._done and not self._task.done():
+            # Left with `break` (or an exception in the loop's body).
+            self._task.cancel()

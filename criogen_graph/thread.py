@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from langgraph.types import Command
 
+from criogen_graph._aio import uncancelled
 from criogen_graph._observe import observe
-from criogen_graph.adapters.storage.base import SEGMENT, Segment, record
+from criogen_graph._pins import Expected, Pin
+from criogen_graph.adapters.storage.base import SEGMENT, Segment, check_thread_id, record
 from criogen_graph.errors import (
-    CancelledError,
     ThreadSuspendedError,
     ValidationError,
 )
@@ -23,7 +24,7 @@ from criogen_graph.nodes.approval import APPROVAL_INTERRUPT, check_decisions
 from criogen_graph.nodes.model import API_RUN, STREAM_SINK
 from criogen_graph.nodes.state import new_run, not_run_messages
 from criogen_graph.redact import CURRENT, effective
-from criogen_graph.results import ApprovalRequest, Decision, Reply
+from criogen_graph.results import ApprovalRequest, Decision, PendingApprovals, Reply
 from criogen_graph.stream import ApprovalNeededEvent, MessageEvent, Stream, to_event
 
 if TYPE_CHECKING:
@@ -102,6 +103,14 @@ def checkpoint_version(meta: Mapping[str, Any]) -> int:
     return step + 2  # a checkpoint written outside the API (e.g. LangGraph Studio)
 
 
+def _unencodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def _ms(ts: str | None) -> int | None:
     if not ts:
         return None
@@ -116,18 +125,22 @@ class Thread(Generic[Output]):
     in the thread until `approve`, `reject` or `decide` continues it; a failed or cancelled
     run is saved too, and `retry` continues it without running again the tool calls that
     had finished. Calls that run hold the thread: see the storage's `on_busy`.
+
+    A thread id is a non-empty str of at most 1,024 bytes in UTF-8 (`MAX_THREAD_ID_BYTES`:
+    1,024 ASCII characters, 256 of four bytes each) with no NUL character and no lone
+    surrogate, so that every storage can keep it; any other id raises `ValidationError`
+    at once (hash a longer key into an id).
     """
 
     def __init__(self, agent: Agent[Output], thread_id: str, *, actor: str | None = None) -> None:
-        if not isinstance(thread_id, str):
-            raise ValidationError(
-                f"a thread id must be a non-empty str, got {type(thread_id).__name__}",
-                code="invalid_type",
-            )
-        if not thread_id.strip():
-            raise ValidationError("a thread id must be a non-empty str", code="invalid_value")
+        # An id no backend can keep is refused here, before it reaches any lock or table.
+        check_thread_id(thread_id)
         if actor is not None and not isinstance(actor, str):
             raise ValidationError("actor must be a str", code="invalid_type")
+        if actor is not None and ("\x00" in actor or _unencodable(actor)):
+            raise ValidationError(
+                "actor must not contain a NUL character or a lone surrogate", code="invalid_value"
+            )
         self.agent = agent
         self.id = thread_id
         self.actor = actor
@@ -165,30 +178,40 @@ class Thread(Generic[Output]):
             self.agent._spec.memory.pool(run_state)
         return Stream(lambda s: self._send(user, run_state, s))
 
-    def stream_approve(self) -> Stream[Output]:
-        """`approve`, streaming the events of the run it continues."""
-        return Stream(lambda s: self._answer("approve", lambda requests: "approve", s))
+    def stream_approve(self, *, expected: Expected | None = None) -> Stream[Output]:
+        """`approve`, streaming the events of the run it continues (a bare call pins
+        what is pending when the stream starts)."""
+        pin = Pin.of(expected)
+        return Stream(lambda s: self._answer("approve", lambda requests: "approve", s, pin))
 
-    def stream_reject(self, message: str = "rejected") -> Stream[Output]:
+    def stream_reject(
+        self, message: str = "rejected", *, expected: Expected | None = None
+    ) -> Stream[Output]:
         """`reject`, streaming the events of the run it continues."""
         if not isinstance(message, str):
             raise ValidationError("reject message must be a str", code="invalid_type")
+        pin = Pin.of(expected)
         return Stream(
             lambda s: self._answer(
                 "reject",
                 lambda requests: {r["call_id"]: Decision.reject(message) for r in requests},
                 s,
+                pin,
             )
         )
 
     def stream_decide(
-        self, decisions: Mapping[str, Decision | Mapping[str, Any] | str]
+        self,
+        decisions: Mapping[str, Decision | Mapping[str, Any] | str],
+        *,
+        expected: Expected | None = None,
     ) -> Stream[Output]:
         """`decide`, streaming the events of the run it continues."""
         if not isinstance(decisions, Mapping):
             raise ValidationError("decide takes a dict {call_id: Decision}", code="invalid_type")
         chosen = dict(decisions)
-        return Stream(lambda s: self._answer("decide", lambda requests: chosen, s))
+        pin = Pin.of(expected)
+        return Stream(lambda s: self._answer("decide", lambda requests: chosen, s, pin))
 
     def stream_retry(self) -> Stream[Output]:
         """`retry`, streaming the events of the run it continues."""
@@ -216,28 +239,49 @@ class Thread(Generic[Output]):
             "send", prepare, run_state=run_state, new_messages=[user], stream=stream
         )
 
-    async def approve(self) -> Reply[Output]:
-        """Approve every pending call and continue."""
-        return await self._answer("approve", lambda requests: "approve", None)
+    async def approve(self, *, expected: Expected | None = None) -> Reply[Output]:
+        """Approve every pending call and continue.
 
-    async def reject(self, message: str = "rejected") -> Reply[Output]:
-        """Reject every pending call; the model is told `message` instead of each result."""
+        `expected` pins the answer to what the reviewer was shown: the `Reply` that
+        asked, its `approvals` or `pending_approvals()` as they are (these name the
+        checkpoint that asked, so even the same request asked again under the same call
+        id is told apart), a `Reply.version` or `Reply.checkpoint_id`, or the requests
+        as dicts or a list of call ids (pinning ids, tools and args; ids alone). If the
+        thread no longer waits on exactly that when the answer gets the thread (another
+        answer came first, the run moved on), it raises `ValidationError(code="stale")`
+        and changes nothing. Without `expected`, the call pins what was pending when it
+        was made, so a call queued behind another (`on_busy="wait"`) never answers a
+        request asked meanwhile.
+        """
+        return await self._answer("approve", lambda requests: "approve", None, Pin.of(expected))
+
+    async def reject(
+        self, message: str = "rejected", *, expected: Expected | None = None
+    ) -> Reply[Output]:
+        """Reject every pending call; the model is told `message` instead of each result.
+        `expected`: as for `approve`."""
         if not isinstance(message, str):
             raise ValidationError("reject message must be a str", code="invalid_type")
         return await self._answer(
             "reject",
             lambda requests: {r["call_id"]: Decision.reject(message) for r in requests},
             None,
+            Pin.of(expected),
         )
 
     async def decide(
-        self, decisions: Mapping[str, Decision | Mapping[str, Any] | str]
+        self,
+        decisions: Mapping[str, Decision | Mapping[str, Any] | str],
+        *,
+        expected: Expected | None = None,
     ) -> Reply[Output]:
-        """One `Decision` per pending call, keyed by `call_id` (from `reply.approvals`)."""
+        """One `Decision` per pending call, keyed by `call_id` (from `reply.approvals`).
+        The keys name the calls; `expected` (as for `approve`) pins which request each
+        id was, since a later reply may reuse an id."""
         if not isinstance(decisions, Mapping):
             raise ValidationError("decide takes a dict {call_id: Decision}", code="invalid_type")
         chosen = dict(decisions)
-        return await self._answer("decide", lambda requests: chosen, None)
+        return await self._answer("decide", lambda requests: chosen, None, Pin.of(expected))
 
     async def retry(self) -> Reply[Output]:
         """Continue a failed or interrupted run. Tool calls that finished (and were saved)
@@ -276,12 +320,19 @@ class Thread(Generic[Output]):
         snap = await graph.aget_state(cfg)
         return list(snap.values.get("messages") or [])
 
-    async def pending_approvals(self) -> list[ApprovalRequest]:
+    async def pending_approvals(self) -> PendingApprovals:
         """The calls waiting for a decision, read from storage (works after a restart and
-        from another process sharing the storage); empty when the thread is not waiting."""
+        from another process sharing the storage); empty when the thread is not waiting.
+        The list names the checkpoint that asked (`checkpoint_id`, `version`): pass it
+        to `approve(expected=...)` to answer exactly these."""
         graph, cfg = await self._graph()
         snap = await graph.aget_state(cfg)
-        return [ApprovalRequest.from_dict(r) for _, r in self._requests(snap)]
+        checkpoint_id = (snap.config or {}).get("configurable", {}).get("checkpoint_id")
+        return PendingApprovals(
+            (ApprovalRequest.from_dict(r) for _, r in self._requests(snap)),
+            checkpoint_id=checkpoint_id,
+            version=checkpoint_version(snap.metadata) if checkpoint_id else None,
+        )
 
     async def history(self, limit: int = 20) -> list[dict[str, Any]]:
         """Checkpoints of the current branch, newest first: `{id, parent_id, version,
@@ -373,28 +424,27 @@ class Thread(Generic[Output]):
 
     async def delete(self, *, audit: bool = False) -> bool:
         """Delete the thread and its checkpoints; `True` if it existed. Its audit records
-        are kept (and the deletion recorded) unless `audit=True`."""
+        are kept unless `audit=True`; either way the deletion is recorded (`delete`, with
+        `existed` and `audit_deleted`). Deleting and recording are one transaction: a crash
+        leaves the thread whole and unrecorded, or deleted and recorded once."""
+        if not isinstance(audit, bool):
+            raise ValidationError("delete(audit=...) takes a bool", code="invalid_type")
         storage = self.agent.storage
         backend = await storage._ensure_open()
-        async with storage._hold(self.id):
-            saver = storage.checkpointer
-            cfg: Any = {"configurable": {"thread_id": self.id, "checkpoint_ns": ""}}
-            existed = await saver.aget_tuple(cfg) is not None
-            await saver.adelete_thread(self.id)
-            saver.transcripts.forget(self.id)  # type: ignore[attr-defined]
-            removed = await backend.delete_audit(self.id) if audit else 0
-            await backend.write_audit(
-                [
-                    record(
-                        "delete",
-                        self.id,
-                        run_id=None,
-                        actor=self.actor,
-                        existed=existed,
-                        audit_deleted=removed,
-                    )
-                ]
+        thread_id, actor = self.id, self.actor
+
+        def make_record(existed: bool, removed: int) -> dict[str, Any]:
+            return record(
+                "delete",
+                thread_id,
+                run_id=None,
+                actor=actor,
+                existed=existed,
+                audit_deleted=removed,
             )
+
+        async with storage._hold(self.id):
+            existed = await backend.delete_thread(self.id, make_record, audit=audit)
         return existed
 
     # -- internals ----------------------------------------------------------------------------
@@ -461,12 +511,34 @@ class Thread(Generic[Output]):
         reason = "the run stopped before this call finished and was not retried"
         return [finished.get(c["id"]) or not_run_messages([c], reason)[0] for c in calls]
 
-    async def _answer(self, action: str, make: Any, stream: Stream[Output] | None) -> Reply[Output]:
+    async def _answer(
+        self, action: str, make: Any, stream: Stream[Output] | None, pin: Pin | None
+    ) -> Reply[Output]:
+        if pin is None:
+            # What is pending now, read before waiting for the thread: an answer queued
+            # behind another must not apply to a request asked while it waited.
+            storage = self.agent.storage
+            await storage._ensure_open()
+            now = _Head(
+                await storage.checkpointer.aget_tuple(
+                    {"configurable": {"thread_id": self.id, "checkpoint_ns": ""}}
+                )
+            )
+            pin = Pin.now(now.id, now.has_interrupt)
+        pinned = pin
+
         async def prepare(
             head: _Head, graph: Any, cfg: RunnableConfig
         ) -> tuple[Any, str, dict[str, Any]]:
             snap = await graph.aget_state(cfg) if head.has_interrupt else None
             pending = self._requests(snap) if snap is not None else []
+            pinned.check(
+                thread_id=self.id,
+                action=action,
+                head_id=head.id,
+                head_version=head.version,
+                pending=[r for _, r in pending],
+            )
             if not pending:
                 raise ValidationError(
                     f"thread {self.id!r} has no pending approvals to {action}",
@@ -571,7 +643,8 @@ class Thread(Generic[Output]):
                     }
                     values, interrupts = await self._invoke(graph, inp, config, stream)
                     if seg.deferred:
-                        await backend.flush_deferred(seg)
+                        # The run ended: a cancellation now must not cut its last write.
+                        await uncancelled(backend.flush_deferred(seg))
                     if seg.last_config is not None and "messages" in values:
                         storage.checkpointer.transcripts.remember(  # type: ignore[attr-defined]
                             self.id,
@@ -589,25 +662,27 @@ class Thread(Generic[Output]):
                     )
                     observed.done(result)
             except BaseException as exc:
-                if seg.deferred:
-                    # What the run wrote before it stopped is saved, cancelled or not;
-                    # if that fails too, the run's own error is the one to report.
-                    try:
-                        await asyncio.shield(backend.flush_deferred(seg))
-                    except Exception as flush_exc:
-                        import logging
+                # What the run wrote (and the results of the tool calls that finished)
+                # is saved before the lock goes, cancelled or not; if that fails too, the
+                # run's own error is the one to report.
+                try:
+                    await uncancelled(backend.settle(seg))
+                    if seg.deferred:
+                        await uncancelled(backend.flush_deferred(seg))
+                except Exception as save_exc:
+                    import logging
 
-                        logging.getLogger("criogen_graph").warning(
-                            "could not save the last writes of the stopped run on thread %r: %s",
-                            self.id,
-                            flush_exc,
-                        )
+                    logging.getLogger("criogen_graph").warning(
+                        "could not save the last writes of the stopped run on thread %r: %s",
+                        self.id,
+                        save_exc,
+                    )
                 await self._failed(backend, seg, exc, run_id, values, new_messages or [], state)
                 raise
             finally:
                 SEGMENT.reset(token)
             if seg.audit:
-                await backend.write_audit(seg.audit)
+                await uncancelled(backend.write_audit(seg.audit))
         if hooks.on_end:
             outcome = (
                 "failed"
@@ -630,16 +705,13 @@ class Thread(Generic[Output]):
         new_messages: list[dict[str, Any]],
         state: dict[str, Any],
     ) -> None:
-        """Record a run that failed or was cancelled and run `on_end`; a cancellation
-        becomes our `CancelledError` (the caller re-raises anything else)."""
+        """Record a run that failed or was cancelled and run `on_end` (the caller re-raises
+        the error: a cancellation stays the caller's own `asyncio.CancelledError`, so
+        `asyncio.timeout`, `wait_for` and `TaskGroup` see the cancellation they made)."""
         cancelled = isinstance(exc, asyncio.CancelledError)
         await self._after_failure(backend, seg, "run_cancelled" if cancelled else "run_failed", exc)
         if self.agent._spec.hooks.on_end:
-            await self.agent._on_end(run_id, values, new_messages, state, "failed")
-        if cancelled and not isinstance(exc, CancelledError):
-            raise CancelledError(
-                f"the run on thread {self.id!r} was cancelled; it is saved and retry() continues it"
-            ) from exc
+            await uncancelled(self.agent._on_end(run_id, values, new_messages, state, "failed"))
 
     async def _invoke(
         self, graph: Any, inp: Any, config: RunnableConfig, stream: Stream[Output] | None
@@ -676,6 +748,10 @@ class Thread(Generic[Output]):
     ) -> None:
         records = [*seg.audit]
         seg.audit = []
+        # The error text can carry what a tool, hook or provider was given: redacted
+        # before it is cut, so no secret is kept in part.
+        redactor = CURRENT.get()
+        message = redactor.redact(str(exc)) if redactor is not None else str(exc)
         records.append(
             record(
                 action,
@@ -683,11 +759,11 @@ class Thread(Generic[Output]):
                 run_id=seg.run_id,
                 actor=self.actor,
                 error=type(exc).__name__,
-                message=str(exc)[:2000],
+                message=message[:2000],
             )
         )
         try:
-            await asyncio.shield(backend.write_audit(records))
+            await uncancelled(backend.write_audit(records))
         except Exception as audit_exc:  # the run's own error matters more
             import logging
 
@@ -727,6 +803,14 @@ def _fingerprint(args: Any) -> str:
     ).hexdigest()
 
 
+def _error_type(error: Any) -> str:
+    """The type name of a saved task error (savers keep its repr: `Name("message")`),
+    not its message, which may well mention a cancellation."""
+    if isinstance(error, BaseException):
+        return type(error).__name__
+    return str(error).lstrip("'\"").split("(", 1)[0]
+
+
 def _entry(tup: CheckpointTuple) -> dict[str, Any]:
     meta = tup.metadata or {}
     writes = tup.pending_writes or ()
@@ -738,11 +822,7 @@ def _entry(tup: CheckpointTuple) -> dict[str, Any]:
         status = "pending"
     elif errors:
         # A failing call cancels the other calls of its step: the failure is the story.
-        status = (
-            "cancelled"
-            if all("CancelledError" in type(e).__name__ or "Cancelled" in repr(e) for e in errors)
-            else "failed"
-        )
+        status = "cancelled" if all("Cancelled" in _error_type(e) for e in errors) else "failed"
     elif run.get("stop_reason") is not None:
         status = "completed"
     else:

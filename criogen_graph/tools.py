@@ -64,7 +64,16 @@ class Tool:
     `tool(...)`. `read_only` and `idempotent` tools may be retried (`tool_retry`);
     `return_direct` ends the run with the tool's result as the answer; `timeout_secs`
     overrides the agent's `Limits.tool_timeout_secs` for this tool.
+
+    `blocking` is True for a tool whose function runs in a worker thread (a sync
+    function): such a call cannot be interrupted. A cancelled run waits for it to return
+    (or reach its timeout) and saves that outcome, so it never runs twice; a call past its
+    timeout is answered "timed out" while its thread runs on, and its late result is
+    discarded.
     """
+
+    #: True when the tool's function runs in a worker thread (see the class docstring).
+    blocking: bool = False
 
     def __init__(
         self,
@@ -161,6 +170,7 @@ class _JsonSchemaTool(Tool):
         super().__init__(**kw)
         self._fn = fn
         self._async = inspect.iscoroutinefunction(fn)
+        self.blocking = not self._async
         self._wants_ctx = wants_ctx
 
     async def run(self, args: Any, ctx: ToolContext) -> Any:
@@ -201,6 +211,7 @@ class FunctionTool(Tool):
         )
         self.fn = fn
         self._async = inspect.iscoroutinefunction(fn)
+        self.blocking = not self._async
         functools.update_wrapper(self, fn)
 
     def validate(self, args: Mapping[str, Any]) -> Any:
@@ -401,7 +412,17 @@ def tool(
     the input schema comes from the type hints (through Pydantic), the description from
     the docstring (its `Args:` section describes the parameters). A parameter annotated
     `ToolContext` receives the call's context and is not part of the schema. Sync
-    functions run in a worker thread so they never block the event loop.
+    functions run in a worker thread so they never block the event loop; Python cannot
+    stop a thread, so a sync call past its timeout is answered to the model as timed out
+    (the run goes on) while the function keeps running in its worker thread until it
+    returns by itself, and what it returns then is discarded, never saved or shown.
+
+    The result is what the model reads: a string as it is, anything else as JSON
+    (Pydantic models and dataclasses as their fields, sets and tuples as lists, other
+    objects as `str()`; NaN and infinities as `null`). A result that cannot be written so
+    (it contains itself, is nested too deep, or converting a part of it raises) is an
+    error of the call under `on_tool_exception`; the call still counts as finished and is
+    never run again.
 
     As a function, `tool(name=..., description=..., input=json_schema, run=fn)`: `fn(args)`
     or `fn(args, ctx)` gets the arguments as a dict, checked against `input` first.

@@ -20,7 +20,6 @@ import pytest
 
 from criogen_graph import (
     Agent,
-    CancelledError,
     FakeModel,
     FakeReply,
     FunctionModel,
@@ -588,7 +587,7 @@ async def test_interrupted_thread_retried_after_a_restart_runs_finished_calls_on
     await wait_until(count_saved, what="the result of count to be saved")
     await wait_until(lambda: "waiting go" in lines(tmp_path / "ledger"), what="wait_for to start")
     task.cancel()
-    with pytest.raises(CancelledError):
+    with pytest.raises(asyncio.CancelledError):
         await task
     await agent.aclose()
     await agent.storage.close()

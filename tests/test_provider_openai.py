@@ -4,6 +4,7 @@ HTTP against a loopback server speaking the wire format, with faults."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pydantic
@@ -345,3 +346,21 @@ async def test_openrouter_and_azure_wire_details(openai_server: oa.OpenAIServer)
         and "authorization" not in openai_server.headers[1]
     )
     assert "model" not in openai_server.requests[1]
+
+
+async def test_nan_in_tool_arguments_is_refused_not_sent_back(
+    openai_server: oa.OpenAIServer,
+) -> None:
+    # A lenient server may write NaN / Infinity in arguments; Python's json reads them,
+    # but no provider takes them back, so the next request of the thread would fail.
+    openai_server.add(
+        oa.tool_calls(("add", '{"a": NaN, "b": 1}')),
+        oa.tool_calls(("add", {"a": 2, "b": 3})),
+        oa.text("5"),
+    )
+    reply = await Agent(model(openai_server), tools=[add]).thread("nan-args").send("add")
+    tools = [m for m in reply.messages if m["role"] == "tool"]
+    assert tools[0]["status"] == "error" and "NaN is not a JSON number" in tools[0]["content"]
+    assert reply.text == "5"
+    for body in openai_server.requests[1:]:
+        json.dumps(body, allow_nan=False)  # every later request is strict JSON

@@ -8,23 +8,38 @@ from typing import Any
 
 from langgraph.types import Command, Send, interrupt
 
+from criogen_graph._observe import run_redactor
 from criogen_graph.errors import ValidationError
 from criogen_graph.nodes.spec import AgentSpec
+from criogen_graph.redact import Redactor, effective
 from criogen_graph.results import DECISION_TYPES, Decision
 from criogen_graph.tools import ToolArgumentsError
 
 APPROVAL_INTERRUPT = "approval"
+#: `check_decisions` applies the policy of the agent that asks.
+_ASKER: Any = object()
 
 
 def check_decisions(
-    answer: Any, requests: list[dict[str, Any]], spec: AgentSpec
+    answer: Any,
+    requests: list[dict[str, Any]],
+    spec: AgentSpec,
+    redactor: Redactor | None = _ASKER,
 ) -> dict[str, dict[str, Any]]:
     """The decisions in `answer`, keyed by call id, as JSON dicts.
 
     `answer` is `"approve"` / `"reject"` or one decision dict (for every pending call), or
     a mapping `call_id -> Decision | dict | "approve" | "reject"` covering every pending
     call. Raises `ValidationError` naming what is wrong; nothing is changed.
+
+    A reviewer's text follows the same redaction policy as the model's: an edit's
+    arguments are redacted, as the model's tool-call arguments are, before they are
+    checked against the tool (and then saved and run), and so are reject and respond
+    messages. `redactor` defaults to the policy of `spec`'s run (the caller's, then its
+    own).
     """
+    if redactor is _ASKER:
+        redactor = effective(spec.redact)
     by_id = {r["call_id"]: r for r in requests}
     if isinstance(answer, str | Decision) or (isinstance(answer, Mapping) and "type" in answer):
         single = Decision.coerce(answer)
@@ -63,6 +78,12 @@ def check_decisions(
                 f"allowed: {allowed}",
                 code="invalid_value",
             )
+        out[call_id] = chosen = decision.to_dict()
+        if redactor is not None:
+            if chosen.get("message") is not None:
+                chosen["message"] = redactor.redact(chosen["message"])
+            if chosen.get("args") is not None:
+                chosen["args"] = redactor.redact_value(chosen["args"])
         if decision.type == "edit":
             name = decision.name or req["tool"]
             tool = spec.tools.get(name)
@@ -71,14 +92,20 @@ def check_decisions(
                     f"edit of call {call_id} names tool {name!r}, which the agent does not have",
                     code="unknown",
                 )
+            args = chosen.get("args") or {}
             try:
-                tool.validate(decision.args or {})
+                tool.validate(args)
             except ToolArgumentsError as exc:
+                why = ""
+                if args != (decision.args or {}):
+                    why = (
+                        " (the agent's redaction policy replaced values in them, and a "
+                        "replaced value is text, as it is in the model's own calls)"
+                    )
                 raise ValidationError(
-                    f"edited args for call {call_id} do not fit {name!r}: {exc}",
+                    f"edited args for call {call_id} do not fit {name!r}: {exc}{why}",
                     code="invalid_value",
                 ) from None
-        out[call_id] = decision.to_dict()
     return out
 
 
@@ -95,9 +122,10 @@ class ApprovalNode:
             "requests": requests,
         }
         answer = interrupt(question)
+        redactor = run_redactor(self.spec)
         while True:
             try:
-                decisions = check_decisions(answer, requests, self.spec)
+                decisions = check_decisions(answer, requests, self.spec, redactor)
                 break
             except (ValidationError, TypeError) as exc:
                 # An answer that does not fit (say, typed in LangGraph Studio: a null, a

@@ -14,10 +14,17 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_stream_writer
 from langgraph.types import Command, Overwrite, Send
 
+from criogen_graph._aio import cancel_pending
 from criogen_graph._observe import run_redactor, run_spans
 from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
 from criogen_graph.errors import ModelError, ValidationError
-from criogen_graph.hooks import HookAction, HookContext, HookFailedError, call_hook
+from criogen_graph.hooks import (
+    HookAction,
+    HookContext,
+    HookFailedError,
+    call_hook,
+    copied_messages,
+)
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.nodes.state import (
     add_usage,
@@ -25,6 +32,7 @@ from criogen_graph.nodes.state import (
     normalize_message,
     not_run_messages,
     tool_ran,
+    unique_call_ids,
 )
 from criogen_graph.redact import redact_messages
 from criogen_graph.results import empty_usage
@@ -277,6 +285,8 @@ class ModelNode:
         run["answered_by"] = ident
         msg = response.message
         msg["id"] = msg_id
+        if msg.get("tool_calls"):
+            unique_call_ids(msg["tool_calls"], transcript)  # before anything keys on them
         new: list[dict[str, Any]] = [msg]
 
         if response.stop_reason == "content_filter":
@@ -303,6 +313,8 @@ class ModelNode:
                     )
                 if action.message is not None:
                     msg = _checked_reply(name, action.message, msg["id"])
+                    if msg.get("tool_calls"):
+                        unique_call_ids(msg["tool_calls"], transcript)
                     new[0] = msg
                 if action.end:
                     ended = True
@@ -388,17 +400,22 @@ class ModelNode:
         user_state: Mapping[str, Any],
     ) -> HookAction | None:
         hook_states = run.get("hooks") or {}
-        ctx = HookContext(
-            run_id=run["run_id"],
-            messages=transcript,
-            model_calls=run["model_calls"],
-            hook_state=hook_states.get(name),
-            state=MappingProxyType(dict(user_state)),
+        # The hook's own copies (see `HookContext`): it cannot change the run in place.
+        ctx = HookContext.of_run(
+            run["run_id"], transcript, run["model_calls"], hook_states.get(name), user_state
         )
         try:
             action = await call_hook(fn, ctx)
-        except asyncio.CancelledError:
-            raise
+        except asyncio.CancelledError as exc:
+            if cancel_pending():
+                raise
+            # Raised by the hook itself, the run not being cancelled: a failure.
+            raise HookFailedError(
+                f"hook {name!r} raised asyncio.CancelledError in {method} (the run was not "
+                "cancelled)",
+                hook=name,
+                method=method,
+            ) from exc
         except Exception as exc:
             raise HookFailedError(
                 f"hook {name!r} raised in {method}: {type(exc).__name__}: {exc}",
@@ -416,7 +433,10 @@ class ModelNode:
             )
         if action.saves_state:
             run["hooks"] = {**hook_states, name: action.state}
-        return action
+        redactor = run_redactor(self.spec)
+        if redactor is None:
+            return action
+        return _redacted_action(redactor, action, copied_messages(ctx), transcript)
 
     async def _call_model(
         self, request: ModelRequest, writer: Writer | None, span: Any
@@ -532,6 +552,43 @@ def _gated(rule: Any, call: dict[str, Any]) -> bool:
         return True
 
 
+_NOT_GIVEN: Any = object()
+
+
+def _redacted_action(
+    redactor: Any,
+    action: HookAction,
+    shown: list[dict[str, Any]],
+    transcript: list[dict[str, Any]],
+) -> HookAction:
+    """What a hook writes into the run, under the policy too: the hook saw redacted
+    text, but may add its own. A message it passes on as it was shown (`shown`, its
+    copy of `transcript`), unchanged, is redacted already. A malformed message is left
+    for the checks that reject it."""
+    if action.messages is None and action.message is None and action.output is None:
+        return action
+    out = HookAction(end=action.end, output=redactor.redact_value(action.output))
+    out.state = action.state
+
+    def clean(m: Any) -> Any:
+        if not isinstance(m, Mapping):
+            return m
+        try:
+            return redact_messages(redactor, [dict(m)])[0]
+        except (TypeError, AttributeError):
+            return m
+
+    if isinstance(action.messages, list | tuple):
+        given = {id(c): m for c, m in zip(shown, transcript, strict=False)}
+        out.messages = [
+            m if given.get(id(m), _NOT_GIVEN) == m else clean(m) for m in action.messages
+        ]
+    else:
+        out.messages = action.messages
+    out.message = clean(action.message) if action.message is not None else None
+    return out
+
+
 def _checked_transcript(hook: str, messages: Any) -> list[dict[str, Any]]:
     if isinstance(messages, str | bytes) or not isinstance(messages, list | tuple):
         raise HookFailedError(
@@ -539,10 +596,74 @@ def _checked_transcript(hook: str, messages: Any) -> list[dict[str, Any]]:
             hook=hook,
             method="before_model",
         )
-    try:
-        return [normalize_message(dict(m) if isinstance(m, Mapping) else m) for m in messages]
-    except ValueError as exc:
-        raise HookFailedError(f"hook {hook!r}: {exc}", hook=hook, method="before_model") from exc
+    out = []
+    for i, m in enumerate(messages):
+        try:
+            m = normalize_message(dict(m) if isinstance(m, Mapping) else m)
+        except ValueError as exc:
+            raise HookFailedError(
+                f"hook {hook!r}: HookAction(messages=...) message {i}: {exc}",
+                hook=hook,
+                method="before_model",
+            ) from exc
+        problem = _message_problem(m)
+        if problem is not None:
+            # Checked like a model's reply before anything is saved: a malformed message
+            # in the thread would fail every later run on it.
+            raise HookFailedError(
+                f"hook {hook!r}: HookAction(messages=...) message {i} ({m.get('role')!r}): "
+                f"{problem}",
+                hook=hook,
+                method="before_model",
+            )
+        out.append(m)
+    return out
+
+
+_ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+def _message_problem(m: dict[str, Any]) -> str | None:
+    """What is wrong with a transcript message a hook wrote (None: nothing). Fixes up, in
+    `m` (the hook's copy), the shape of good tool calls."""
+    role = m.get("role")
+    if role not in _ROLES:
+        return f"role must be one of {sorted(_ROLES)}, got {role!r}"
+    content = m.get("content")
+    if content is not None and not isinstance(content, str | list):
+        return f"content must be text or a list of content blocks, got {type(content).__name__}"
+    if role == "tool":
+        call_id = m.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            return "a tool result needs a 'tool_call_id' (the id of the call it answers)"
+        return None
+    calls = m.get("tool_calls")
+    if role != "assistant" or calls is None:
+        return None
+    if not isinstance(calls, list | tuple):
+        kind = type(calls).__name__
+        return f"tool_calls must be a list of {{'id', 'name', 'args'}} dicts, got {kind}"
+    fixed = []
+    seen: set[str] = set()
+    for c in calls:
+        if not isinstance(c, Mapping):
+            return f"each tool call must be a dict with 'id', 'name' and 'args', got {c!r:.80}"
+        call_id, name, args = c.get("id"), c.get("name"), c.get("args")
+        if not isinstance(call_id, str) or not call_id:
+            return f"a tool call needs an 'id' (a non-empty str), got {call_id!r:.80}"
+        if call_id in seen:
+            return f"two tool calls have the id {call_id!r}; ids must be unique"
+        seen.add(call_id)
+        if not isinstance(name, str) or not name:
+            return f"tool call {call_id!r} needs a 'name' (a non-empty str), got {name!r:.80}"
+        if args is not None and not isinstance(args, Mapping):
+            return f"tool call {call_id!r}: 'args' must be a dict, got {type(args).__name__}"
+        fixed.append({**c, "args": dict(args or {})})
+    if fixed:
+        m["tool_calls"] = fixed
+    else:
+        m.pop("tool_calls", None)
+    return None
 
 
 def _checked_reply(hook: str, message: Any, msg_id: str) -> dict[str, Any]:
@@ -583,12 +704,9 @@ def _checked_reply(hook: str, message: Any, msg_id: str) -> dict[str, Any]:
                     hook=hook,
                     method="after_model",
                 )
+            # Other keys (the provider's own id, a signature) stay with the call.
             fixed.append(
-                {
-                    "id": str(c.get("id") or "call_" + uuid.uuid4().hex[:16]),
-                    "name": c["name"],
-                    "args": dict(c.get("args") or {}),
-                }
+                {**c, "id": c.get("id"), "name": c["name"], "args": dict(c.get("args") or {})}
             )
         out["tool_calls"] = fixed
     else:

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import uuid
+from collections import Counter
 from collections.abc import Sequence
 from typing import Annotated, Any, TypedDict
 
@@ -101,17 +103,61 @@ def append_messages(state: list[dict[str, Any]], writes: Sequence[Any]) -> list[
 
 def _unanswered(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The calls of the last assistant message that have no result after it."""
-    answered: set[Any] = set()
+    # Counted, not a set: a thread saved before call ids were made unique may hold two
+    # calls with one id, and one result must not answer both.
+    answered: Counter[Any] = Counter()
     for m in reversed(messages):
         role = m.get("role")
         if role == "tool":
-            answered.add(m.get("tool_call_id"))
+            answered[m.get("tool_call_id")] += 1
         elif role == "assistant":
             calls = m.get("tool_calls")
-            return [c for c in calls if c.get("id") not in answered] if calls else []
+            out = []
+            for c in calls or ():
+                if answered[c.get("id")] > 0:
+                    answered[c.get("id")] -= 1
+                else:
+                    out.append(c)
+            return out
         else:
             return []
     return []
+
+
+def unique_call_ids(calls: list[dict[str, Any]], transcript: list[dict[str, Any]]) -> None:
+    """Make the ids of a new reply's `calls` unique in the thread, in place.
+
+    Everything that keys on a call id (decisions, the tool messages that answer calls,
+    audit records, the closing of an unfinished run) needs one id per call, and some
+    servers give two calls the same id, reuse `call_0` every turn, or send none. The
+    rule: a call keeps the provider's id when no earlier call of the thread or of the
+    reply has it; a repeated id `X` becomes `X-<n>` (the smallest n >= 2 not yet used);
+    a call without an id (missing, empty) gets a fresh `call_<16 hex>`. A renamed call
+    keeps the provider's id as `provider_id`, and that is what goes back to the provider
+    (see `adapters.models.base.wire_call_id`), so the provider reads its own ids.
+    """
+    used = _call_ids(transcript)
+    for i, c in enumerate(calls):
+        raw = c.get("id")
+        if raw is None or raw == "":
+            calls[i] = c = {k: v for k, v in c.items() if k != "provider_id"}
+            c["id"] = "call_" + uuid.uuid4().hex[:16]
+            used.add(c["id"])
+            continue
+        base = raw if isinstance(raw, str) else str(raw)
+        if base in used:
+            n = 2
+            while f"{base}-{n}" in used:
+                n += 1
+            calls[i] = c = {**c, "id": f"{base}-{n}", "provider_id": c.get("provider_id", raw)}
+        elif base is not raw:
+            calls[i] = c = {**c, "id": base, "provider_id": c.get("provider_id", raw)}
+        used.add(c["id"])
+
+
+def _call_ids(transcript: list[dict[str, Any]]) -> set[Any]:
+    # One comprehension: this runs on every reply with calls, over the whole thread.
+    return {c.get("id") for m in transcript if "tool_calls" in m for c in m["tool_calls"] or ()}
 
 
 def not_run_messages(calls: list[dict[str, Any]], reason: str) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -15,9 +16,11 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.errors import GraphBubbleUp
 from pydantic_core import to_jsonable_python
 
+from criogen_graph._aio import cancel_pending, to_the_end
 from criogen_graph._observe import run_redactor, run_spans
+from criogen_graph.adapters.storage.base import hand_over
 from criogen_graph.errors import LimitExceededError, ToolError, ToolExecutionError
-from criogen_graph.hooks import ToolCall, ToolResult, call_hook
+from criogen_graph.hooks import ToolCall, ToolResult, call_hook, copy_value
 from criogen_graph.nodes.model import Writer, step_of, stream_writer
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.tools import Tool, ToolArgumentsError, ToolContext
@@ -43,6 +46,8 @@ class _Timeout(Exception):
 
 
 def _json_default(value: Any) -> Any:
+    """A value `json` cannot write, as one it can: a Pydantic model or dataclass as its
+    fields, a set or tuple as a list, bytes as text, anything else as `str(value)`."""
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         return dump(mode="json")
@@ -55,15 +60,104 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+class UnserializableResultError(Exception):
+    """A tool result (or what a hook made of it) that cannot be written as JSON for the
+    model: it contains itself, it is nested too deep, or converting a part of it raised.
+    The call is finished all the same; `on_tool_exception` decides what follows."""
+
+
 def to_content(value: Any) -> str:
-    """A tool result as the text the model reads (JSON for anything but a string)."""
+    """A tool result as the text the model reads: a string as it is, anything else as
+    JSON (see `_json_default`), NaN and infinities as `null` (as JavaScript writes them:
+    a provider must only ever get valid JSON). Raises `UnserializableResultError`."""
     if isinstance(value, str):
         return value
-    return json.dumps(value, default=_json_default, ensure_ascii=False)
+    try:
+        return json.dumps(value, default=_json_default, ensure_ascii=False, allow_nan=False)
+    except Exception:
+        pass  # not plain JSON: find out why (slowly), and write what can be written
+    plain = _plain(value, set())
+    try:
+        return json.dumps(plain, ensure_ascii=False, allow_nan=False)
+    except RecursionError:
+        raise UnserializableResultError(
+            "the result cannot be written as JSON: it is nested too deep"
+        ) from None
+
+
+def _plain(value: Any, path: set[int]) -> Any:
+    """`value` as plain JSON data (what `json.dumps` with `_json_default` would write,
+    NaN and infinities as None); `path` holds the containers being written, to tell a
+    cycle. Raises `UnserializableResultError` naming the problem."""
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict | list | tuple):
+        if id(value) in path:
+            raise UnserializableResultError(
+                "the result cannot be written as JSON: it contains itself (a cycle)"
+            )
+        path.add(id(value))
+        try:
+            if isinstance(value, dict):
+                return {_key(k): _plain(v, path) for k, v in value.items()}
+            return [_plain(v, path) for v in value]
+        except RecursionError:
+            raise UnserializableResultError(
+                "the result cannot be written as JSON: it is nested too deep"
+            ) from None
+        finally:
+            path.discard(id(value))
+    try:
+        converted = _json_default(value)
+    except Exception as exc:
+        raise UnserializableResultError(
+            f"the result cannot be written as JSON: converting its {type(value).__name__} "
+            f"raised {_exc_text(exc)}"
+        ) from exc
+    return _plain(converted, path)
+
+
+def _copy_call(tc: ToolCall) -> ToolCall:
+    """A hook's own copy of a call (see `HookContext`: hooks get copies)."""
+    return ToolCall(tc.call_id, tc.name, copy_value(tc.args))
+
+
+def _redacted(redactor: Any, value: Any) -> Any:
+    """`redactor.redact_value(value)`; a value it cannot walk (a cycle, too deep) raises
+    `UnserializableResultError` saying why, as writing it would."""
+    try:
+        return redactor.redact_value(value)
+    except RecursionError:
+        _plain(value, set())  # names a cycle
+        raise UnserializableResultError(
+            "the result cannot be written as JSON: it is nested too deep"
+        ) from None
+
+
+def _key(key: Any) -> str:
+    """A dict key as JSON writes it (a key `json` refuses becomes its `str`)."""
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, bool):
+        return json.dumps(key)
+    if isinstance(key, int | float):
+        return json.dumps(_plain(key, set()))
+    try:
+        return str(key)
+    except Exception as exc:
+        raise UnserializableResultError(
+            f"the result cannot be written as JSON: a {type(key).__name__} key of it has "
+            f"no text ({_exc_text(exc)})"
+        ) from exc
 
 
 def _exc_text(exc: BaseException) -> str:
-    text = str(exc)
+    try:
+        text = str(exc)
+    except Exception as inner:  # an exception whose own message raises
+        text = f"(its message could not be read: {type(inner).__name__})"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -71,16 +165,19 @@ class ToolsNode:
     def __init__(self, spec: AgentSpec) -> None:
         self.spec = spec
 
-    async def __call__(self, payload: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
+    async def __call__(self, payload: dict[str, Any], config: RunnableConfig) -> None:
         if not self.spec.loaded:
             await self.spec.ensure_tools()  # e.g. a retry after a restart, in Studio
         spans = run_spans(self.spec)
         if spans is not None:
-            return await self._traced(payload, config, spans)
-        writer = stream_writer(config)
-        if writer is None:
-            return {"messages": (await self.run_call(payload, config, None),)}
-        return await self._streamed(payload, config, writer)
+            msg = await self._traced(payload, config, spans)
+        else:
+            writer = stream_writer(config)
+            if writer is None:
+                msg = await self.run_call(payload, config, None)
+            else:
+                msg = await self._streamed(payload, config, writer)
+        return _hand_over(config, msg)
 
     async def _streamed(
         self, payload: dict[str, Any], config: RunnableConfig, writer: Writer
@@ -98,7 +195,7 @@ class ToolsNode:
         )
         writer({"type": "message", "message": msg})
         writer({"type": "other", "event": "step_finished", "node": "tools", "step": step})
-        return {"messages": (msg,)}
+        return msg
 
     async def _traced(
         self, payload: dict[str, Any], config: RunnableConfig, spans: Any
@@ -117,7 +214,7 @@ class ToolsNode:
             if writer is None:
                 msg = await self.run_call(payload, config, None)
             else:
-                msg = (await self._streamed(payload, config, writer))["messages"][0]
+                msg = await self._streamed(payload, config, writer)
             result = {"criogen.tool.status": msg["status"], "criogen.tool.ran_as": msg.get("tool")}
             decision = payload.get("decision")
             if decision is not None:
@@ -125,7 +222,7 @@ class ToolsNode:
             if spans.content:
                 result["gen_ai.tool.call.result"] = spans.text(msg["content"])
             spans.set(span, result)
-        return {"messages": (msg,)}
+        return msg
 
     async def run_call(
         self, payload: dict[str, Any], config: RunnableConfig, writer: Writer | None
@@ -187,7 +284,9 @@ class ToolsNode:
 
         def done(content: str, status: str, *, clean: bool = False, **extra: Any) -> dict[str, Any]:
             if note is not None:
-                clean = False  # a reviewer's edit is not redacted yet
+                # The edit's args are redacted (`check_decisions`); the note and the
+                # result are redacted as one text, as a pattern may span both.
+                clean = False
                 content = note + content
                 extra["decision"] = "edit"
                 if name != called:
@@ -202,13 +301,16 @@ class ToolsNode:
             state=MappingProxyType(payload["state"]) if "state" in payload else _EMPTY,
         )
         hooks = spec.hooks
-        tc = ToolCall(call_id, name, dict(args))
+        # A copy all the way down: the call's args are the transcript's, which hooks and
+        # the tool must not change in place.
+        tc = ToolCall(call_id, name, copy_value(args))
         value: Any = _NOTHING
         status = "ok"
         if hooks.before_tool:
             try:
                 for hname, fn in hooks.before_tool:
-                    res = await call_hook(fn, tc)
+                    # Its own copy: a change it makes counts only if it returns it.
+                    res = await call_hook(fn, _copy_call(tc))
                     if res is None:
                         continue
                     if isinstance(res, ToolResult):
@@ -226,8 +328,13 @@ class ToolsNode:
                     )
             except ToolError as exc:
                 return done(f"Error: {exc.message}", "error", error_kind="hook")
-            except (asyncio.CancelledError, GraphBubbleUp):
+            except GraphBubbleUp:
                 raise
+            except asyncio.CancelledError as exc:
+                if cancel_pending():
+                    raise
+                # Raised by the hook itself, the run not being cancelled: its failure.
+                return self._failed(exc, tc, done, error_kind="hook")
             except Exception as exc:
                 return self._failed(exc, tc, done, error_kind="hook")
             if tc.name != name:
@@ -284,21 +391,37 @@ class ToolsNode:
         if isinstance(value, ToolOutput):
             usage = value.usage
             value = value.value
-        if redactor is not None:
-            value = redactor.redact_value(value)  # ahead of the after_tool hooks
-        if hooks.after_tool:
-            try:
-                for hname, fn in hooks.after_tool:
-                    res = await call_hook(fn, tc, value)
-                    if res is not None:
-                        value = res
-                        changed_by.append(hname)
-            except ToolError as exc:
-                return done(f"Error: {exc.message}", "error")
-            except (asyncio.CancelledError, GraphBubbleUp):
+        # From here on, a failure (the redactor, an after_tool hook, a result that cannot
+        # be written as JSON) comes after the tool ran: the call is finished whatever
+        # the policy says (`_failed` with `ran`), and is never run again. A value a
+        # before_tool hook gave (`ToolResult`) ran no tool: its failure is the hook's.
+        ran: RunnableConfig | None = config if tool is not None else None
+        kind = {} if tool is not None else {"error_kind": "hook"}
+        try:
+            if redactor is not None:
+                value = _redacted(redactor, value)  # ahead of the after_tool hooks
+            if hooks.after_tool:
+                try:
+                    for hname, fn in hooks.after_tool:
+                        # The tool ran: its result is finished even if the run is being
+                        # cancelled (the cancellation waits for it, see `_hand_over`).
+                        res = await to_the_end(call_hook(fn, _copy_call(tc), value))
+                        if res is not None:
+                            value = res
+                            changed_by.append(hname)
+                except ToolError as exc:
+                    return done(f"Error: {exc.message}", "error")
+            content = to_content(value)
+        except GraphBubbleUp:
+            raise
+        except asyncio.CancelledError as exc:
+            if cancel_pending():
                 raise
-            except Exception as exc:
-                return self._failed(exc, tc, done)
+            # Raised by a hook itself (`to_the_end` keeps a cancellation of the run from
+            # reaching it): that hook's failure.
+            return self._failed(exc, tc, done, ran=ran, **kind)
+        except Exception as exc:
+            return self._failed(exc, tc, done, ran=ran, **kind)
         extra: dict[str, Any] = {}
         if usage:
             extra["usage"] = usage
@@ -307,7 +430,7 @@ class ToolsNode:
         # A text result no hook replaced was redacted above; once is enough. (Other
         # values are redacted as the JSON the model reads: objects may hide strings.)
         clean = not changed_by and isinstance(value, str)
-        return done(to_content(value), status, clean=clean, **extra)
+        return done(content, status, clean=clean, **extra)
 
     async def _execute(self, tool: Tool, args: Any, ctx: ToolContext) -> Any:
         spec = self.spec
@@ -318,21 +441,19 @@ class ToolsNode:
         while True:
             attempt += 1
             try:
-                async with asyncio.timeout(timeout) as deadline:
-                    return await tool.run(args, ctx)
-            except (ToolError, GraphBubbleUp):
+                return await _attempt(tool, args, ctx, timeout)
+            except (ToolError, GraphBubbleUp, asyncio.CancelledError):
                 # An agent used as a tool that stops for approval interrupts this call;
                 # LangGraph resumes it (from its own checkpoints) when the parent resumes.
                 raise
-            except TimeoutError:
-                if not deadline.expired():
-                    if attempt >= attempts:
-                        raise
-                elif attempt >= attempts:
-                    raise _Timeout(timeout) from None
-            except Exception:
+            except Exception:  # a timeout (`_Timeout`) too
                 if attempt >= attempts:
                     raise
+                if cancel_pending():
+                    # The run is being cancelled: the call did not finish, a retry of
+                    # the run runs it (it is read-only or idempotent, or it would not
+                    # be retried here).
+                    raise asyncio.CancelledError() from None
             await asyncio.sleep(retry.backoff(attempt))
 
     def _failed(
@@ -340,12 +461,28 @@ class ToolsNode:
         exc: BaseException,
         tc: ToolCall,
         done: Callable[..., dict[str, Any]],
+        *,
+        ran: RunnableConfig | None = None,
         **extra: Any,
     ) -> dict[str, Any]:
+        """The call's message under `on_tool_exception`, or `ToolExecutionError` for
+        `"fail"`. `ran` (the task's config) says the tool function had returned: the
+        call is finished, so with `"fail"` its error message is put among the task's
+        writes first, saved with the failure, and `retry()` goes on from it instead of
+        running the tool again."""
         policy = self.spec.on_tool_exception
         if policy == "fail":
+            if ran is None:
+                raise ToolExecutionError(
+                    f"tool {tc.name!r} (call {tc.call_id}) raised {_exc_text(exc)}",
+                    tool=tc.name,
+                    call_id=tc.call_id,
+                ) from exc
+            _hand_over(ran, done(f"Error: {_exc_text(exc)}", "error", **extra))
             raise ToolExecutionError(
-                f"tool {tc.name!r} (call {tc.call_id}) raised {_exc_text(exc)}",
+                f"tool {tc.name!r} (call {tc.call_id}) ran, then failed: {_exc_text(exc)}; "
+                "the call is finished (saved with this error) and retry() does not run it "
+                "again",
                 tool=tc.name,
                 call_id=tc.call_id,
             ) from exc
@@ -357,3 +494,119 @@ class ToolsNode:
                 **extra,
             )
         return done(f"Error: {_exc_text(exc)}", "error", **extra)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Done callback of an abandoned call: its late outcome is discarded."""
+    if not task.cancelled():
+        task.exception()
+
+
+async def _attempt(tool: Tool, args: Any, ctx: ToolContext, limit_secs: float | None) -> Any:
+    """One run of `tool`, bounded by `limit_secs` (`_Timeout` when it runs out).
+
+    A cancellation of the run (a request timeout, a client that went away) reaches an
+    async tool at its `await` and stops it: it did not finish. One that arrives after it
+    returned stays pending (`cancel_pending()`) until the result is handed over. A
+    blocking tool cannot be stopped: see `_attempt_blocking`.
+    """
+    if tool.blocking:
+        return await _attempt_blocking(tool, args, ctx, limit_secs)
+    try:
+        async with asyncio.timeout(limit_secs) as deadline:
+            return await tool.run(args, ctx)
+    except TimeoutError:
+        if deadline.expired():
+            raise _Timeout(limit_secs or 0) from None
+        raise  # the tool's own
+    except asyncio.CancelledError:
+        if cancel_pending():
+            raise
+        # Nothing cancelled the run: the tool raised CancelledError on its own, which is
+        # a failure of the tool like any other.
+        raise RuntimeError(
+            "the tool raised asyncio.CancelledError; nothing cancelled the run"
+        ) from None
+
+
+async def _attempt_blocking(
+    tool: Tool, args: Any, ctx: ToolContext, limit_secs: float | None
+) -> Any:
+    """One run of a blocking tool (a sync function in a worker thread, which nothing can
+    stop), in a task of its own: past `limit_secs` the model is told it timed out while
+    its thread runs on (its late result is discarded); a cancellation of the run waits
+    for it to return or reach its timeout, and that outcome is kept, so it never runs
+    twice."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    call = asyncio.ensure_future(tool.run(args, ctx))
+    try:
+        done, _ = await asyncio.wait((call,), timeout=limit_secs)
+    except asyncio.CancelledError:
+        left = None if limit_secs is None else max(0.0, started + limit_secs - loop.time())
+        done, _ = await to_the_end(asyncio.wait((call,), timeout=left))
+    if not done:
+        call.cancel()
+        call.add_done_callback(_retrieve)
+        raise _Timeout(limit_secs or 0)
+    return _outcome(call)
+
+
+def _outcome(call: asyncio.Future[Any]) -> Any:
+    """The result of a finished call, or the exception it raised."""
+    if call.cancelled():
+        raise RuntimeError("the tool raised asyncio.CancelledError; nothing cancelled the run")
+    return call.result()
+
+
+#: What LangGraph hands a task to add its writes to (what its `ChannelWrite` calls), the
+#: id of the task, the checkpoint each graph level writes to, and the channel of the
+#: graph's `tools -> model` edge.
+_TASK_WRITES = "__pregel_send"
+_TASK_ID = "__pregel_task_id"
+_CHECKPOINTS = "checkpoint_map"
+_TO_MODEL = "branch:to:model"
+
+
+def _hand_over(config: RunnableConfig, msg: dict[str, Any]) -> None:
+    """Put the call's result among the task's writes now, note it in the running segment
+    (our storage saves it if LangGraph does not), then re-raise a cancellation that
+    arrived while the call finished.
+
+    A node's return value reaches the task's writes only after a few more awaits inside
+    LangGraph, and a step of one task runs inline, where a cancellation drops its writes
+    unsaved: a call that ran would be run again by a retry. With the writes in the task
+    and noted, the result is saved whichever way the task ends.
+    """
+    configurable = config.get("configurable") or _EMPTY
+    send = configurable.get(_TASK_WRITES)
+    if send is None:  # pragma: no cover - every LangGraph task has one
+        raise RuntimeError("the tools node runs outside a LangGraph task")
+    writes: list[tuple[str, Any]] = [("messages", (msg,)), (_TO_MODEL, None)]
+    send(writes)
+    task_ns = str(configurable.get("checkpoint_ns") or "")
+    task_id = configurable.get(_TASK_ID)
+    if task_id and "|" not in task_ns:  # a task of the thread's own graph, not a subgraph's
+        checkpoint_id = (configurable.get(_CHECKPOINTS) or _EMPTY).get("")
+        if checkpoint_id:
+            thread_id = str(configurable.get("thread_id"))
+            put = {
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": "",
+                    "checkpoint_id": checkpoint_id,
+                }
+            }
+            path = (config.get("metadata") or _EMPTY).get("langgraph_path")
+            hand_over(thread_id, str(task_id), put, writes, _task_path(path) if path else "")
+    if cancel_pending():
+        raise asyncio.CancelledError()
+
+
+def _task_path(path: Any) -> str:
+    """A task's path as LangGraph's savers key it (`langgraph.pregel._algo.task_path_str`)."""
+    if isinstance(path, tuple | list):
+        return "~" + ", ".join(_task_path(p) for p in path)
+    if isinstance(path, int):
+        return f"{path:010d}"
+    return str(path)

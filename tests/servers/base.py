@@ -142,6 +142,8 @@ class RecordingServer(LoopbackServer[StepT]):
     def __init__(self, handler: type[LoopbackHandler]) -> None:
         super().__init__(handler)
         self.requests: list[dict[str, Any]] = []
+        #: Each request's body as it arrived (to check it is strict JSON).
+        self.raw: list[bytes] = []
         self.headers: list[dict[str, str]] = []
         self.paths: list[str] = []
         self._counter = 0
@@ -149,8 +151,10 @@ class RecordingServer(LoopbackServer[StepT]):
     def take(self, request: LoopbackHandler) -> tuple[Any, StepT | None, int]:
         """Read and record a request; its body, the next step (None when the script is
         empty) and the request's number."""
-        body = json.loads(request.read_body() or b"{}")
+        raw = request.read_body() or b"{}"
+        body = json.loads(raw)
         with self._lock:
+            self.raw.append(raw)
             self.requests.append(body)
             self.paths.append(request.path)
             self.headers.append(request.header_dict())

@@ -33,6 +33,16 @@ class Step:
     delay: float = 0
     #: Streamed: close the connection after this many text chunks.
     drop_after: int | None = None
+    #: The ids of the calls (None: the call has no id), instead of `call_<n>_<i>`; some
+    #: OpenAI-compatible servers repeat ids, or send none.
+    ids: list[str | None] | None = None
+
+    def call_id(self, n: int, i: int) -> dict[str, Any]:
+        """The `id` field of call `i` of request `n` (empty when the step gives it none)."""
+        if self.ids is None:
+            return {"id": f"call_{n}_{i}"}
+        given = self.ids[i]
+        return {} if given is None else {"id": given}
 
 
 def text(t: str, **kw: Any) -> Step:
@@ -131,7 +141,7 @@ class OpenAIServer(RecordingServer[Step]):
                 if step.refusal:
                     chunk({"refusal": step.refusal})
                 for idx, (name, args) in enumerate(step.calls):
-                    start = {"index": idx, "id": f"call_{n}_{idx}", "type": "function"}
+                    start = {"index": idx, **step.call_id(n, idx), "type": "function"}
                     chunk({"tool_calls": [{**start, "function": {"name": name, "arguments": ""}}]})
                     raw = _args(args)
                     for j in range(0, len(raw), 10):
@@ -163,7 +173,7 @@ class OpenAIServer(RecordingServer[Step]):
         if step.calls:
             message["tool_calls"] = [
                 {
-                    "id": f"call_{n}_{i}",
+                    **step.call_id(n, i),
                     "type": "function",
                     "function": {"name": name, "arguments": _args(args)},
                 }

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from criogen_graph.results import empty_usage
 
 TextSink = Callable[[str], None]
+
+
+def wire_call_id(call: Mapping[str, Any]) -> Any:
+    """The id to send a provider for a transcript call: the provider's own
+    (`provider_id`, kept when the model node renamed a repeated or reused id to make it
+    unique in its thread), else the call's id."""
+    provider_id = call.get("provider_id")
+    return call["id"] if provider_id is None else provider_id
 
 
 @dataclass(slots=True)

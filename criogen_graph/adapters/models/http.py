@@ -275,9 +275,17 @@ def parse_args(raw: Any) -> tuple[dict[str, Any], str | None]:
     if raw is None or raw == "":
         return {}, None
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         return {}, f"the arguments are not valid JSON ({exc.msg}): {str(raw)[:200]!r}"
+    except ValueError as exc:
+        # Python's json reads NaN and Infinity, which no JSON parser of a provider
+        # takes back: such arguments would fail every later request of the thread.
+        return {}, f"the arguments are not valid JSON ({exc}): {str(raw)[:200]!r}"
     if not isinstance(value, dict):
         return {}, f"the arguments must be a JSON object, got {str(raw)[:200]!r}"
     return value, None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")

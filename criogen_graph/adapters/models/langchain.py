@@ -7,7 +7,7 @@ import asyncio
 import json
 from typing import Any
 
-from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
+from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse, wire_call_id
 from criogen_graph.adapters.models.http import OUTPUT_INSTRUCTION
 from criogen_graph.errors import ModelError
 from criogen_graph.results import empty_usage
@@ -115,6 +115,7 @@ def to_langchain_messages(
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
     out: list[Any] = []
+    wire: dict[Any, Any] = {}  # our call id -> the provider's, for renamed calls
     for m in messages:
         role = m.get("role")
         content = m.get("content")
@@ -125,17 +126,25 @@ def to_langchain_messages(
         elif role == "user":
             out.append(HumanMessage(content))
         elif role == "assistant":
-            calls = [
-                {"name": c["name"], "args": c.get("args") or {}, "id": c["id"], "type": "tool_call"}
-                for c in m.get("tool_calls") or ()
-            ]
+            calls = []
+            for c in m.get("tool_calls") or ():
+                if c.get("provider_id") is not None:
+                    wire[c["id"]] = c["provider_id"]
+                calls.append(
+                    {
+                        "name": c["name"],
+                        "args": c.get("args") or {},
+                        "id": wire_call_id(c),
+                        "type": "tool_call",
+                    }
+                )
             out.append(AIMessage(content, tool_calls=calls))
         elif role == "tool":
             status = "success" if m.get("status", "ok") in ("ok", "skipped") else "error"
             out.append(
                 ToolMessage(
                     content,
-                    tool_call_id=m.get("tool_call_id", ""),
+                    tool_call_id=wire.get(m.get("tool_call_id"), m.get("tool_call_id", "")),
                     name=m.get("name"),
                     status=status,
                 )

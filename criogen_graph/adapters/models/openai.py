@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from criogen_graph.adapters.models.base import ModelRequest, ModelResponse
+from criogen_graph.adapters.models.base import ModelRequest, ModelResponse, wire_call_id
 from criogen_graph.adapters.models.http import HttpModel, api_key_from, parse_args
 from criogen_graph.errors import ValidationError
 from criogen_graph.results import empty_usage
@@ -23,6 +23,7 @@ _FILTER_FINISH = ("content_filter",)
 def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Transcript dicts in Chat Completions form."""
     out: list[dict[str, Any]] = []
+    wire: dict[Any, Any] = {}  # our call id -> the provider's, for renamed calls
     for m in messages:
         role = m.get("role")
         content = m.get("content")
@@ -32,9 +33,12 @@ def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             msg: dict[str, Any] = {"role": "assistant", "content": content or None}
             calls = m.get("tool_calls")
             if calls:
+                for c in calls:
+                    if c.get("provider_id") is not None:
+                        wire[c["id"]] = c["provider_id"]
                 msg["tool_calls"] = [
                     {
-                        "id": c["id"],
+                        "id": wire_call_id(c),
                         "type": "function",
                         "function": {
                             "name": c["name"],
@@ -50,7 +54,7 @@ def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append(
                 {
                     "role": "tool",
-                    "tool_call_id": m.get("tool_call_id", ""),
+                    "tool_call_id": wire.get(m.get("tool_call_id"), m.get("tool_call_id", "")),
                     "content": content if isinstance(content, str) else json.dumps(content),
                 }
             )
