@@ -31,7 +31,7 @@ from criogen_graph.hooks import (
 )
 from criogen_graph.options import Limits, Retry
 from criogen_graph.redact import Redactor
-from criogen_graph.results import ApprovalRequest, Decision, Reply, RunResult
+from criogen_graph.results import ApprovalRequest, Decision, PendingApprovals, Reply, RunResult
 from criogen_graph.telemetry import Telemetry
 from criogen_graph.tools import Tool, ToolContext, ToolSource, tool
 
@@ -153,6 +153,7 @@ __all__ = [
     "ModelResponse",
     "OpenAIModel",
     "OtherEvent",
+    "PendingApprovals",
     "RecordingModel",
     "Redactor",
     "Reply",

@@ -122,6 +122,25 @@ def _module_attr(value: str) -> str:
     return value
 
 
+def _expected(value: str) -> int | str:
+    """`--expect`: a version (digits) or a checkpoint id."""
+    value = value.strip()
+    if not value:
+        raise argparse.ArgumentTypeError("expected a version (e.g. 7) or a checkpoint id")
+    return int(value) if value.isdigit() else value
+
+
+def _expect_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--expect",
+        type=_expected,
+        metavar="VERSION",
+        help="answer only if the thread still waits at this version (or checkpoint id), "
+        "the one `threads pending` showed; else fail and change nothing. Without it, the "
+        "answer applies to the calls this command reads and prints",
+    )
+
+
 def _json_value(value: str) -> Any:
     try:
         data = json.loads(value)
@@ -368,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TEXT",
         help="with --reject-others: what the model is told",
     )
+    _expect_option(p)
     p = action(
         "reject",
         "reject every pending call of a thread and continue its run",
@@ -376,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("thread_id", metavar="ID", help="the thread id")
     p.add_argument("--reason", default="rejected", metavar="TEXT", help="what the model is told")
+    _expect_option(p)
     p = action(
         "decide",
         "answer each pending call (approve, reject, edit, respond) and continue the run",
@@ -395,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
         '{"type": "reject", "message": ...}, {"type": "edit", "args": {...}, "name"?: ...}, '
         '{"type": "respond", "message": ...}',
     )
+    _expect_option(p)
     p = action(
         "retry",
         "continue a thread's run that failed or was cancelled",
@@ -894,10 +916,17 @@ class _Chat:
 
         while True:
             decisions = self.ask_decisions(requests)
+            answer = partial(self.thread.stream_decide, decisions, expected=requests)
             try:
-                return self.stream(partial(self.thread.stream_decide, decisions), deciding=True)
+                return self.stream(answer, deciding=True)
             except ValidationError as exc:
                 self.error(str(exc))
+                if exc.code == "stale":
+                    # Someone else answered, or the run moved on: ask about what waits now.
+                    requests = self.loop.run(self.thread.pending_approvals())
+                    if not requests:
+                        self.say("(nothing waits for approval now)")
+                        return None
                 self.say("answer again:")
 
     def ask_decisions(self, requests: Sequence[ApprovalRequest]) -> dict[str, Decision]:
@@ -1026,6 +1055,7 @@ class _Chat:
         self.printer.end_line()
         if newline:
             self.say()  # end the prompt's line
+        pending: list[ApprovalRequest]
         try:
             pending = self.loop.run(self.thread.pending_approvals())
         except Exception:
@@ -1295,6 +1325,8 @@ async def _show(args: argparse.Namespace, agent: Agent[Any], storage: Storage, o
                 "thread_id": args.thread_id,
                 "messages": messages,
                 "pending_approvals": [r.to_dict() for r in pending],
+                "version": pending.version,
+                "checkpoint_id": pending.checkpoint_id,
             },
             out,
         )
@@ -1303,7 +1335,9 @@ async def _show(args: argparse.Namespace, agent: Agent[Any], storage: Storage, o
         for line in _message_lines(m):
             out.write(line + "\n")
     if pending:
-        out.write(f"-- waits for approval of {len(pending)} call(s):\n")
+        out.write(
+            f"-- waits for approval of {len(pending)} call(s) at version {pending.version}:\n"
+        )
         for r in pending:
             for line in _request_lines(r):
                 out.write("  " + line + "\n")
@@ -1343,6 +1377,10 @@ async def _pending(
     for r in pending:
         for line in _request_lines(r):
             out.write(line + "\n")
+    out.write(
+        f"-- version {pending.version}: `threads approve|reject|decide {args.thread_id} "
+        f"--expect {pending.version}` answers exactly these\n"
+    )
     return EXIT_OK
 
 
@@ -1368,12 +1406,23 @@ async def _answer(
     pending = await thread.pending_approvals()
     if not pending:
         raise CliError(f"thread {args.thread_id!r} waits for no approval")
+    # The answer applies to what the user pinned (--expect), else to what this command
+    # read and prints here: never to calls asked after it read them.
+    expected: Any = args.expect if args.expect is not None else pending
+    if args.expect is None:
+        out.write(f"answering version {pending.version}:\n")
+        for r in pending:
+            out.write(f"  {r.call_id}  {r.tool}({_args(r.args)})\n")
     if args.action == "reject":
-        return await _continue(thread.stream_reject(args.reason), out, "rejected")
+        return await _continue(
+            thread.stream_reject(args.reason, expected=expected), out, "rejected"
+        )
     if args.action == "decide":
-        return await _continue(thread.stream_decide(args.decisions), out, "decided")
+        return await _continue(
+            thread.stream_decide(args.decisions, expected=expected), out, "decided"
+        )
     if not args.call:
-        return await _continue(thread.stream_approve(), out, "approved")
+        return await _continue(thread.stream_approve(expected=expected), out, "approved")
     from criogen_graph.results import Decision
 
     ids = [r.call_id for r in pending]
@@ -1391,7 +1440,7 @@ async def _answer(
         r.call_id: Decision.approve() if r.call_id in args.call else Decision.reject(args.reason)
         for r in pending
     }
-    return await _continue(thread.stream_decide(decisions), out, "decided")
+    return await _continue(thread.stream_decide(decisions, expected=expected), out, "decided")
 
 
 async def _audit(args: argparse.Namespace, agent: Agent[Any], storage: Storage, out: TextIO) -> int:

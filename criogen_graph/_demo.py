@@ -151,7 +151,9 @@ async def resume_demo(db: Path, thread_id: str, out: Any = print) -> int:
             out(f"  found pending {r.tool}({json.dumps(r.args)}); approving it")
         if pending:
             before = len(await thread.messages())
-            reply = await thread.approve()
+            # Pinned to what was shown: if the thread moved on meanwhile, this raises
+            # ValidationError(code="stale") instead of approving something else.
+            reply = await thread.approve(expected=pending)
             show(out, reply.messages[before:])
             out(f"  final answer: {reply.text}")
             out(f"  tool calls: {reply.tool_calls}, version {reply.version}")

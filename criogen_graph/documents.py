@@ -8,6 +8,7 @@ from typing import Any
 
 from criogen_graph._search import bm25, cosine, embed_texts, snippet
 from criogen_graph.errors import ValidationError
+from criogen_graph.memory import check_label
 from criogen_graph.storage import Storage
 from criogen_graph.tools import Tool, ToolArgumentsError, ToolContext, check_tool_name
 
@@ -50,7 +51,9 @@ class CollectionTool(Tool):
             raise ValidationError("limit must be an int >= 1", code="invalid_value")
         if embed is not None and not callable(embed):
             raise TypeError("embed must be a function from a list of texts to vectors")
-        self.collection = collection or name
+        if collection is not None and not isinstance(collection, str):
+            raise TypeError(f"collection must be a str, got {type(collection).__name__}")
+        self.collection = check_label(collection or name, "a collection name")
         super().__init__(
             name,
             description

@@ -3,6 +3,8 @@ model call, and tools for the model to remember, forget and search them."""
 
 from __future__ import annotations
 
+import hashlib
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -18,6 +20,68 @@ if TYPE_CHECKING:
 __all__ = ["Memory", "MemoryView"]
 
 _ROOT = ("criogen", "memory")
+#: A pool's key as the label itself (where every version stored string keys), or encoded.
+_PLAIN, _ENCODED = "by", "keyed"
+#: The longest label kept as it is (UTF-8 bytes): PostgreSQL's index on a store's
+#: namespaces takes entries up to ~2.7 KB; a longer encoded key is replaced by its hash.
+_MAX_LABEL = 1024
+
+
+def check_label(value: str, what: str) -> str:
+    """`value` if a LangGraph store accepts it as a namespace label, else a
+    `ValidationError` naming `what` it is."""
+    if "." in value or "\x00" in value:
+        raise ValidationError(
+            f"{what} {value!r} must not contain '.' or NUL (LangGraph store namespaces "
+            "cannot hold them)",
+            code="invalid_value",
+        )
+    return value
+
+
+def _escape(text: str) -> str:
+    # Percent-encoding of what a label cannot hold (and of lone surrogates, which no
+    # database text can hold); '%' is escaped too, so decoding is unique.
+    out: list[str] = []
+    for ch in text:
+        code = ord(ch)
+        if ch in "%.\x00":
+            out.append(f"%{code:02X}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append(f"%u{code:04X}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _plain(value: str) -> bool:
+    if not value or "." in value or "\x00" in value:
+        return False
+    try:
+        return len(value.encode("utf-8")) <= _MAX_LABEL
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+
+
+def key_labels(value: str | int | float) -> tuple[str, str]:
+    """Where the pool of a state key value lives: `("by", value)` for a string that is
+    a valid label (the place every version kept string keys, so their facts stay
+    readable), else `("keyed", "<type>:<escaped value>")`, so `0`, `"0"`, `0.0` and
+    `False` are different pools; an encoded label longer than 1 KB becomes
+    `"h:<sha256>"`. Injective (but for SHA-256 collisions)."""
+    if isinstance(value, str) and _plain(value):
+        return _PLAIN, value
+    if isinstance(value, bool):
+        label = f"b:{value}"
+    elif isinstance(value, int):
+        label = f"i:{int(value)}"
+    elif isinstance(value, float):
+        label = "f:" + _escape(repr(float(value)))
+    else:
+        label = "s:" + _escape(str.__str__(value))
+    if len(label.encode("utf-8")) > _MAX_LABEL:
+        label = "h:" + hashlib.sha256(label.encode("utf-8")).hexdigest()
+    return _ENCODED, label
 
 
 class Memory:
@@ -57,6 +121,9 @@ class Memory:
             raise ValidationError("max_facts must be an int >= 1", code="invalid_value")
         if embed is not None and not callable(embed):
             raise TypeError("embed must be a function from a list of texts to vectors")
+        check_label(namespace, "a memory namespace")
+        if key is not None:
+            check_label(key, "the state key of Memory.by_state")
         self.key = key
         self.namespace = namespace
         self.recall = recall
@@ -75,7 +142,9 @@ class Memory:
         embed: Callable[[list[str]], Any] | None = None,
         max_facts: int = 1000,
     ) -> Memory:
-        """One pool of facts per value of `state[key]` (e.g. `Memory.by_state("user_id")`)."""
+        """One pool of facts per value of `state[key]` (e.g. `Memory.by_state("user_id")`):
+        any `str` (an e-mail address too), `int`, `float` or `bool`, each value (and
+        type: `0` is not `"0"`) a pool of its own; see `pool`."""
         return cls(
             key=key,
             namespace=namespace,
@@ -112,23 +181,36 @@ class Memory:
     # -- scope ---------------------------------------------------------------------------
 
     def pool(self, state: Mapping[str, Any] | None) -> tuple[str, ...]:
-        """The store namespace of the facts a run with `state` may see."""
+        """The store namespace of the facts a run with `state` may see.
+
+        Any `str` (an e-mail address, text with `.`, `%` or NUL, any length), `int`,
+        `float` or `bool` scopes a pool of its own: values of different types never
+        share one (`0`, `"0"`, `0.0` and `False` are four pools). A missing or empty
+        value raises `ValidationError` (code `"missing"`), so runs that lack a user
+        never pool together; NaN (not equal to itself) and other types are refused."""
         if self.key is None:
             return (*_ROOT, self.namespace, "shared")
         value = (state or {}).get(self.key)
-        if value is None or value == "":
+        if value is None or (isinstance(value, str) and not value):
             raise ValidationError(
                 f"this agent's memory is kept per state[{self.key!r}], and the run's state "
                 f"has no {self.key!r}: pass state={{{self.key!r}: ...}}",
                 code="missing",
             )
-        if not isinstance(value, str | int):
+        if not isinstance(value, str | int | float):
             raise ValidationError(
-                f"state[{self.key!r}] must be a str or an int to scope memory, got "
-                f"{type(value).__name__}",
+                f"state[{self.key!r}] must be a str, an int, a float or a bool to scope "
+                f"memory, got {type(value).__name__}",
                 code="invalid_type",
             )
-        return (*_ROOT, self.namespace, "by", self.key, str(value))
+        if isinstance(value, float) and math.isnan(value):
+            raise ValidationError(
+                f"state[{self.key!r}] is NaN, which is not equal to itself: it cannot name a "
+                "pool of facts",
+                code="invalid_value",
+            )
+        region, label = key_labels(value)
+        return (*_ROOT, self.namespace, region, self.key, label)
 
     # -- operations on one pool ----------------------------------------------------------
 

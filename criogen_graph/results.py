@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 from criogen_graph.errors import ValidationError
 
-__all__ = ["ApprovalRequest", "Decision", "Reply", "RunResult"]
+__all__ = ["ApprovalRequest", "Decision", "PendingApprovals", "Reply", "RunResult"]
 
 Output = TypeVar("Output")
 
@@ -58,6 +58,32 @@ class ApprovalRequest:
         )
 
 
+class PendingApprovals(list[ApprovalRequest]):
+    """The calls a thread waits on (`Thread.pending_approvals()`, `Reply.approvals`):
+    a list of `ApprovalRequest` that also names where the thread asked for them,
+    `checkpoint_id` and `version` (`None` for a run without a thread).
+
+    Pass it as it is to `approve` / `reject` / `decide` (`expected=`) and the answer
+    applies to these requests only, as they were asked: not to a later request, even one
+    with the same call id and args. Slicing or filtering it gives a plain list, which
+    pins the calls by id, tool and args only.
+    """
+
+    checkpoint_id: str | None
+    version: int | None
+
+    def __init__(
+        self,
+        requests: Iterable[ApprovalRequest] = (),
+        *,
+        checkpoint_id: str | None = None,
+        version: int | None = None,
+    ) -> None:
+        super().__init__(requests)
+        self.checkpoint_id = checkpoint_id
+        self.version = version
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """A reviewer's answer to one pending call (see `Thread.decide`).
@@ -83,7 +109,8 @@ class Decision:
 
     @classmethod
     def edit(cls, args: Mapping[str, Any], name: str | None = None) -> Decision:
-        """Run the call with `args` (and, given `name`, another tool); the model is told."""
+        """Run the call with `args` (and, given `name`, another tool); the model is told.
+        The agent's redaction policy applies to `args` first, as to the model's own."""
         if not isinstance(args, Mapping):
             raise TypeError(f"Decision.edit args must be a dict, got {type(args).__name__}")
         return cls("edit", args=dict(args), name=name)

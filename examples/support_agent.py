@@ -106,7 +106,7 @@ async def main() -> None:
         for request in reply.approvals:
             print(f"waiting for approval: {request.tool}({request.args})")
         if reply.needs_approval:
-            reply = await thread.approve()
+            reply = await thread.approve(expected=reply)  # only what was shown
         print(f"answer: {reply.text}")
         print(f"tool calls: {reply.tool_calls}, checkpoints: {len(await thread.history())}")
         await support.storage.close()
