@@ -12,7 +12,6 @@ and compares it with the SDK's encoding of the same spans)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import struct
@@ -21,7 +20,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-_log = logging.getLogger("criogen_graph.telemetry")
+from criogen_graph.redact import package_logger
+
+_log = package_logger("criogen_graph.telemetry")
 
 #: OTLP `SpanKind` values (opentelemetry/proto/trace/v1/trace.proto).
 KIND_INTERNAL = 1

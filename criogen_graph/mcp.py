@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import logging
 import math
 import os
 import re
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from criogen_graph.errors import CriogenError, ToolError, ValidationError
+from criogen_graph.redact import package_logger
 from criogen_graph.tools import Tool, ToolContext, ToolSource
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["McpServer", "McpServerError", "McpTool"]
 
-_log = logging.getLogger(__name__)
+_log = package_logger(__name__)
 
 INSTALL_HINT = "pip install 'criogen-graph[mcp]'"
 #: How many lines of a stdio server's stderr an error message quotes.

@@ -311,6 +311,9 @@ def _in_runs(text: str, rules: list[tuple[_Rule, int]]) -> str:
     return "".join(out)
 
 
+_NEVER = float("inf")
+
+
 class Redactor:
     """Strips identifiers from text: regex `patterns` mapped to replacements, and/or a
     plain function `fn(text) -> text`. `Redactor.pii()` has the built-ins; `a + b` applies
@@ -319,10 +322,13 @@ class Redactor:
     Give it as `Agent(redact=...)`: it applies to every text before each model call (the
     input, the model's replies and its tool-call arguments, tool results), ahead of all
     hooks, so the saved transcript is the redacted one; and the same policy applies to
-    telemetry attributes and to the library's log records.
+    everything else a run saves, audits, exports or logs: a failed run's error text, a
+    reviewer's decisions (an edit's arguments are redacted before they are checked and
+    run), what hooks write, telemetry attributes and the library's log records. Numbers
+    inside values are redacted by their digits (see `redact_value`).
     """
 
-    __slots__ = ("_steps",)
+    __slots__ = ("_fractions", "_numbers_from", "_steps")
 
     def __init__(
         self,
@@ -330,6 +336,12 @@ class Redactor:
         fn: Callable[[str], str] | None = None,
     ) -> None:
         self._steps: list[Callable[[str], str]] = []
+        # Which numbers a step may change by their text: a pattern or a function any;
+        # of the built-ins only the card rule matches digits alone, from 13 of them,
+        # and no identifier they know is a fraction (`pii` sets both).
+        custom = bool(patterns) or fn is not None
+        self._numbers_from: float = 0 if custom else _NEVER
+        self._fractions = custom
         for pattern, replacement in (patterns or {}).items():
             if not isinstance(replacement, str):
                 raise TypeError(f"the replacement for {pattern!r} must be a str")
@@ -373,6 +385,8 @@ class Redactor:
             out._steps.append(
                 _Digits(_rules("iban")[0] if iban else None, before_ipv6, ipv6, after_ipv6)
             )
+        out._numbers_from = 10**12 if card else _NEVER
+        out._fractions = False
         return out
 
     def __add__(self, other: Redactor) -> Redactor:
@@ -380,6 +394,8 @@ class Redactor:
             return NotImplemented
         out = Redactor()
         out._steps = [*self._steps, *other._steps]
+        out._numbers_from = min(self._numbers_from, other._numbers_from)
+        out._fractions = self._fractions or other._fractions
         return out
 
     def redact(self, text: str) -> str:
@@ -395,14 +411,51 @@ class Redactor:
     __call__ = redact
 
     def redact_value(self, value: Any) -> Any:
-        """Strings redacted anywhere inside dicts, lists and tuples; other values kept."""
+        """`value` with every string inside dicts, lists and tuples redacted, dict keys
+        included. A number is redacted by its decimal text (an integral float by its
+        digits): one the policy changes (a card number given as an int) becomes that
+        text, `"[CARD]"`, a string; other numbers, and values of other types, are kept.
+        The built-ins change no fraction: no identifier they know is one."""
+        return self._value(value, {})
+
+    def _value(self, value: Any, keys: dict[str, str]) -> Any:
         if isinstance(value, str):
             return self.redact(value)
         if isinstance(value, dict):
-            return {k: self.redact_value(v) for k, v in value.items()}
+            out = {}
+            for k, v in value.items():
+                if isinstance(k, str):
+                    # Records in a list repeat their keys: each is redacted once.
+                    clean = keys.get(k)
+                    if clean is None:
+                        clean = keys[k] = self.redact(k)
+                    k = clean
+                elif isinstance(k, int | float):
+                    k = self._number(k)
+                out[k] = self._value(v, keys)
+            return out
         if isinstance(value, list | tuple):
-            return [self.redact_value(v) for v in value]
+            return [self._value(v, keys) for v in value]
+        if isinstance(value, int | float):
+            return self._number(value)
         return value
+
+    def _number(self, value: float) -> Any:
+        if isinstance(value, bool):
+            return value
+        try:
+            if isinstance(value, int) or value.is_integer():
+                if not abs(value) >= self._numbers_from:
+                    return value
+                text = str(int(value))  # a card number read as a float is still its digits
+            elif self._fractions:
+                text = str(value)
+            else:
+                return value
+        except ValueError:
+            return value  # beyond Python's int-to-text limit: no JSON or msgpack holds it
+        clean = self.redact(text)
+        return value if clean == text else clean
 
     def __repr__(self) -> str:
         return f"<Redactor of {len(self._steps)} steps>"
@@ -449,8 +502,20 @@ class _LogFilter(logging.Filter):
         return True
 
 
-logger = logging.getLogger("criogen_graph")
-logger.addFilter(_LogFilter())
+_FILTER = _LogFilter()
+
+
+def package_logger(name: str) -> logging.Logger:
+    """The library's logger `name` (`criogen_graph` or one under it), its records
+    redacted with the policy of the run that emits them. (A logger's filter does not
+    apply to records of the loggers under it, so each gets its own.)"""
+    log = logging.getLogger(name)
+    if _FILTER not in log.filters:
+        log.addFilter(_FILTER)
+    return log
+
+
+logger = package_logger("criogen_graph")
 
 
 def redact_messages(redactor: Redactor, messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
