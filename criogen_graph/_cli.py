@@ -15,6 +15,7 @@ import os
 import sys
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -558,7 +559,7 @@ def _on_storage(agent: Agent[Any], storage: Storage) -> Agent[Any]:
         return agent
     clone = copy.copy(agent)
     clone._storage = storage
-    clone._thread_graphs = {}
+    clone._thread_graphs = weakref.WeakKeyDictionary()
     clone._memory_graph_cache = None
     return clone
 

@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import time
 import uuid
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -187,7 +188,9 @@ class Agent(Generic[Output]):
             raise TypeError(f"storage must be a Storage or a URL, got {storage!r}")
         self._storage: Storage = storage
         self._graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
-        self._thread_graphs: dict[int, tuple[Any, Any, Any]] = {}
+        self._thread_graphs: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._memory_graph_cache: tuple[Any, Any] | None = None
         lim = self._spec.limits
         # Each model call takes at most three supersteps (model, approval, tools).
@@ -211,14 +214,16 @@ class Agent(Generic[Output]):
         """The graph compiled with the storage's checkpointer (and store, for memory),
         once per checkpointer."""
         saver = storage.checkpointer
-        cached = self._thread_graphs.get(id(storage))
-        if cached is not None and cached[0] is saver and cached[2] is store:
-            hit: CompiledStateGraph[Any, Any, Any, Any] = cached[1]
+        # By checkpointer, held weakly: each event loop has its own, and one that closed
+        # (a storage per request, a loop per request) takes its graph with it.
+        cached = self._thread_graphs.get(saver)
+        if cached is not None and cached[1] is store:
+            hit: CompiledStateGraph[Any, Any, Any, Any] = cached[0]
             return hit
         from criogen_graph.graph import build_graph
 
         graph = build_graph(self._spec).compile(checkpointer=saver, store=store, name=self.name)
-        self._thread_graphs[id(storage)] = (saver, graph, store)
+        self._thread_graphs[saver] = (graph, store)
         return graph
 
     def _memory_graph(self, store: Any) -> CompiledStateGraph[Any, Any, Any, Any]:

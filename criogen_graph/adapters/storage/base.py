@@ -4,7 +4,6 @@ audit records that ride along with checkpoint writes, and the backend interface.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import importlib
 import logging
@@ -12,7 +11,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,32 +171,41 @@ def hand_over(
         seg.handed[task_id] = (config, writes, task_path)
 
 
-@contextlib.contextmanager
-def writing(seg: Segment | None, task_id: str | None = None) -> Iterator[bool]:
-    """Around a saver write of `seg`: yields False when the segment is closed (the write
-    must be dropped), else tracks the write in flight; a write that succeeds for
-    `task_id` is no longer owed by `settle`."""
-    if seg is None:
-        yield True
-        return
-    if seg.closed:
-        logging.getLogger("criogen_graph").warning(
-            "a write of run %s on thread %r arrived after the run ended; dropped",
-            seg.run_id,
-            seg.thread_id,
-        )
-        yield False
-        return
-    task = asyncio.current_task()
-    if task is not None:
-        seg.writing.add(task)
-    try:
-        yield True
-        if task_id is not None:
-            seg.handed.pop(task_id, None)
-    finally:
+class writing:  # used like a function: `with writing(seg) as ok:`
+    """Around a saver write of `seg`: `ok` is False when the segment is closed (the write
+    must be dropped), else the write is tracked while in flight; a write that succeeds
+    for `task_id` is no longer owed by `settle`. (A class: a saver write is hot.)"""
+
+    __slots__ = ("_seg", "_task", "_task_id")
+
+    def __init__(self, seg: Segment | None, task_id: str | None = None) -> None:
+        self._seg = seg
+        self._task_id = task_id
+        self._task: asyncio.Future[Any] | None = None
+
+    def __enter__(self) -> bool:
+        seg = self._seg
+        if seg is None:
+            return True
+        if seg.closed:
+            logging.getLogger("criogen_graph").warning(
+                "a write of run %s on thread %r arrived after the run ended; dropped",
+                seg.run_id,
+                seg.thread_id,
+            )
+            return False
+        task = self._task = asyncio.current_task()
         if task is not None:
-            seg.writing.discard(task)
+            seg.writing.add(task)
+        return True
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        seg = self._seg
+        if seg is None or self._task is None:
+            return
+        seg.writing.discard(self._task)
+        if exc_type is None and self._task_id is not None:
+            seg.handed.pop(self._task_id, None)
 
 
 def segment_for(thread_id: str) -> Segment | None:
