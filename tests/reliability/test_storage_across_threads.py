@@ -287,3 +287,52 @@ def test_in_process_locks_across_threads_under_timeouts_and_cancellation() -> No
     assert not locks._held and not locks._waiters
     assert counts["held"] > 0
     report("in_process_locks_across_threads", os_threads=8, attempts=8 * 150, **counts)
+
+
+def _fresh_file_trial(url: str, label: str) -> tuple[list[str], list[str]]:
+    """Eight OS threads send at once, each its first request, to a storage nobody has
+    opened yet; returns the errors and the user messages saved."""
+    from criogen_graph import Storage
+    from tests.reliability._workers import echo_agent
+
+    storage = Storage(url, on_busy="wait")
+    agent = echo_agent(storage)
+    start = threading.Barrier(8)
+    errors: list[str] = []
+
+    def first(me: int) -> None:
+        start.wait()
+        try:
+            asyncio.run(agent.thread(f"t{me % 2}").send(f"w{me}"))
+        except BaseException as exc:
+            errors.append(f"{label}, w{me}: {type(exc).__name__}: {exc}")
+
+    workers = [threading.Thread(target=first, args=(me,)) for me in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+
+    async def saved() -> list[str]:
+        got = [m["content"] for t in ("t0", "t1") for m in await agent.thread(t).messages()]
+        await storage.close()
+        return got
+
+    return errors, [c for c in asyncio.run(saved()) if not c.startswith("ack ")]
+
+
+@pytest.mark.timeout(300)
+def test_fresh_sqlite_file_first_used_by_eight_threads_at_once(tmp_path: Path) -> None:
+    """Eight OS threads start on a SQLite file nobody has opened yet, each with its own
+    event loop (the first requests of a sync web app): every first send is saved. An inline
+    connection that cached the empty schema before another thread created the tables
+    failed its first read with "no such table: checkpoints" (about one fresh file in 25,
+    so the test starts many)."""
+    trials = 80
+    for trial in range(trials):
+        errors, questions = _fresh_file_trial(
+            f"sqlite:///{tmp_path}/fresh-{trial}.db", f"trial {trial}"
+        )
+        assert errors == [], errors[:3]
+        assert sorted(questions) == [f"w{me}" for me in range(8)]
+    report("fresh_sqlite_file_eight_threads", trials=trials, sends=trials * 8, errors=0)

@@ -129,7 +129,11 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
                 result = fn(fast)
             except sqlite3.OperationalError as exc:
                 fast.rollback()
-                if "locked" not in str(exc) and "busy" not in str(exc):
+                # "no such table": the inline connection's cached schema predates a table
+                # another connection created, and SQLite could not re-read it without
+                # waiting (its busy timeout is 0); the worker thread's connection waits.
+                text = str(exc)
+                if "locked" not in text and "busy" not in text and "no such table" not in text:
                     raise
             else:
                 if write:
@@ -153,6 +157,9 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
                 await self.conn._execute(wal_checkpoint, self.conn._conn)  # type: ignore[no-untyped-call]
 
         self._wal_task = asyncio.ensure_future(checkpoint())
+
+    def set_fast(self, fast: sqlite3.Connection | None) -> None:
+        self._fast = fast
 
     def close_fast(self) -> None:
         if self._fast is not None:
@@ -461,10 +468,12 @@ class SqliteBackend(Backend):
         self._conn = conn
         fast: sqlite3.Connection | None = None
         try:
-            fast = await asyncio.to_thread(_fast_connection, self.path)
-            saver = _Saver(conn, self._serde, fast)
+            saver = _Saver(conn, self._serde, None)
             async with _setting_up(self.path):
                 await saver.setup()
+            # Opened once the tables exist, so the schema it caches has them.
+            fast = await asyncio.to_thread(_fast_connection, self.path)
+            saver.set_fast(fast)
             # Fails now, not mid-run, on a file that cannot be written.
             await conn.execute("BEGIN IMMEDIATE")
             await conn.rollback()
