@@ -9,7 +9,12 @@ span over OTLP/HTTP to a sink on 127.0.0.1 (bench/loopback.py, its own process);
 span, so the export work done by the background thread is paid for, not hidden. Reported:
 median over blocks of ms per turn (= per model call), and the ratios to nothing.
 
-    python bench/bench_observe.py [--blocks 12] [--runs 100] [--json out.json]
+Also measured: a sampler that drops every trace; LangChain callbacks (the graph run with
+`ainvoke` and a handler that does nothing, against the same without a handler: node runs
+are LangGraph's, chat-model and tool runs ours); and "nothing configured" (`agent.run`
+against the same with the nodes' callback checks taken out).
+
+    python bench/bench_observe.py [--blocks 12] [--runs 100] [--cpu] [--json out.json]
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ async def measure(
     blocks: int,
     runs: int,
     warmup: int,
+    clock: Callable[[], int] = time.perf_counter_ns,
 ) -> dict[str, float]:
     for fn, end in variants.values():
         for _ in range(warmup):
@@ -90,12 +96,30 @@ async def measure(
         for name in names if b % 2 == 0 else reversed(names):
             fn, end = variants[name]
             gc.collect()
-            t0 = time.perf_counter_ns()
+            t0 = clock()
             for _ in range(runs):
                 await fn()
             end()
-            per_block[name].append((time.perf_counter_ns() - t0) / 1e6 / runs / 2)
+            per_block[name].append((clock() - t0) / 1e6 / runs / 2)
     return {k: statistics.median(v) for k, v in per_block.items()}
+
+
+class _Bypass:
+    """The nodes with no LangChain-callback reporting at all (the model and tool calls
+    awaited directly), while entered: the baseline for what checking for callbacks costs."""
+
+    def __init__(self) -> None:
+        from criogen_graph.nodes import model, tools
+
+        self.model, self.tools = model, tools
+        self.saved = model.report_chat, tools.report_tool
+
+    def __enter__(self) -> None:
+        self.model.report_chat = lambda spec, request, call: call  # type: ignore[assignment,misc,return-value]
+        self.tools.report_tool = lambda spec, payload, call: call  # type: ignore[assignment,misc,return-value]
+
+    def __exit__(self, *exc: Any) -> None:
+        self.model.report_chat, self.tools.report_tool = self.saved
 
 
 def main() -> None:
@@ -104,16 +128,36 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--cpu",
+        action="store_true",
+        help="time the process's CPU (all its threads, so the export thread too) instead "
+        "of the wall clock: steadier on a shared machine",
+    )
     args = ap.parse_args()
+    from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
     from criogen_graph import Redactor, Telemetry
+
+    class NoOp(BaseCallbackHandler):
+        """A handler that does nothing with what it is told (LangChain runs a sync
+        handler's methods in a worker thread under `ainvoke`)."""
+
+    class AsyncNoOp(AsyncCallbackHandler):
+        """The same, async (run on the event loop)."""
 
     print("# machine:", json.dumps(machine()))
     with loopback_server() as base:
         telemetry = Telemetry.otlp(base)
         both_telemetry = Telemetry.otlp(base)
+        unsampled = Telemetry(TracerProvider(sampler=ALWAYS_OFF))
+        plain = make_agent()
         agents = {
-            "off": (make_agent(), None),
+            "off": (plain, None),
             "telemetry": (make_agent(telemetry=telemetry), telemetry),
+            "telemetry, sampled out": (make_agent(telemetry=unsampled), unsampled),
             "redactor (pii built-ins)": (make_agent(redact=Redactor.pii()), None),
             "telemetry + redactor": (
                 make_agent(telemetry=both_telemetry, redact=Redactor.pii()),
@@ -132,14 +176,43 @@ def main() -> None:
 
             return run, end
 
-        per = asyncio.run(
-            measure(
-                {k: variant(a, t) for k, (a, t) in agents.items()},
-                args.blocks,
-                args.runs,
-                args.warmup,
-            )
-        )
+        variants = {k: variant(a, t) for k, (a, t) in agents.items()}
+        bypass = _Bypass()
+        graph = plain.graph
+        start = {"messages": [{"role": "user", "content": USER}]}
+        no_op = {"callbacks": [NoOp()]}
+        async_no_op = {"callbacks": [AsyncNoOp()]}
+
+        async def graph_off() -> None:
+            await graph.ainvoke(start)
+
+        async def graph_no_op() -> None:
+            await graph.ainvoke(start, no_op)
+
+        async def bypassed() -> None:
+            with bypass:
+                await plain.run(USER)
+
+        variants["graph, no callbacks"] = (graph_off, lambda: None)
+        variants["graph, no-op handler"] = (graph_no_op, lambda: None)
+
+        async def graph_async_no_op() -> None:
+            await graph.ainvoke(start, async_no_op)
+
+        async def graph_async_no_op_nodes_only() -> None:
+            with bypass:
+                await graph.ainvoke(start, async_no_op)
+
+        async def graph_no_op_nodes_only() -> None:
+            with bypass:
+                await graph.ainvoke(start, no_op)
+
+        variants["graph, no-op, node runs only"] = (graph_no_op_nodes_only, lambda: None)
+        variants["graph, async no-op handler"] = (graph_async_no_op, lambda: None)
+        variants["graph, async no-op, nodes only"] = (graph_async_no_op_nodes_only, lambda: None)
+        variants["off, no callback checks"] = (bypassed, lambda: None)
+        clock = time.process_time_ns if args.cpu else time.perf_counter_ns
+        per = asyncio.run(measure(variants, args.blocks, args.runs, args.warmup, clock))
         telemetry.shutdown()
         both_telemetry.shutdown()
     print(f"\n{'per turn (spans flushed)':30s} {'median ms':>10s} {'ratio':>7s}")
@@ -148,12 +221,31 @@ def main() -> None:
         print(f"{k:30s} {v:10.3f} {v / off:7.2f}")
     r_tel = per["telemetry"] / off
     r_red = per["redactor (pii built-ins)"] / off
+    r_cb = per["graph, no-op handler"] / per["graph, no callbacks"]
+    r_cb_ours = per["graph, no-op handler"] / per["graph, no-op, node runs only"]
+    r_acb = per["graph, async no-op handler"] / per["graph, no callbacks"]
+    r_acb_ours = per["graph, async no-op handler"] / per["graph, async no-op, nodes only"]
+    r_none = off / per["off, no callback checks"]
     print(f"\nratio telemetry / off          {r_tel:.2f}   (target <= 1.20)")
+    print(f"ratio no-op callbacks / none   {r_cb:.2f}   (target <= 1.15)")
+    print(f"ratio with our runs / without  {r_cb_ours:.2f}   (LangGraph's node runs in both)")
+    print(f"ratio async no-op / none       {r_acb:.2f}   (target <= 1.15)")
+    print(f"ratio with our runs / without  {r_acb_ours:.2f}   (async; node runs in both)")
+    print(f"ratio off / no checks at all   {r_none:.2f}   (target <= 1.02)")
     print(f"ratio redactor / none          {r_red:.2f}   (target <= 1.15)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"ms_per_turn": per, "ratio_telemetry": r_tel, "ratio_redactor": r_red},
+                {
+                    "ms_per_turn": per,
+                    "ratio_telemetry": r_tel,
+                    "ratio_callbacks": r_cb,
+                    "ratio_callbacks_our_runs": r_cb_ours,
+                    "ratio_async_callbacks": r_acb,
+                    "ratio_async_callbacks_our_runs": r_acb_ours,
+                    "ratio_nothing_configured": r_none,
+                    "ratio_redactor": r_red,
+                },
                 f,
                 indent=2,
             )

@@ -1,6 +1,7 @@
-"""Per-call cost of our OpenAI adapter against the official `openai` SDK, the same call to
-the same loopback server (bench/loopback.py, in its own process), non-streamed and
-streamed, side by side in one process, interleaved blocks.
+"""Per-call cost of our OpenAI adapters (Chat Completions and Responses) against the
+official `openai` SDK, the same call to the same loopback server (bench/loopback.py, in
+its own process), non-streamed and streamed, side by side in one process, interleaved
+blocks.
 
     python bench/bench_providers.py [--blocks 10] [--runs 100]
 
@@ -59,14 +60,46 @@ async def run(args: argparse.Namespace, base_url: str) -> dict[str, float]:
                     pieces.append(c.delta.content)
         assert "".join(pieces).startswith("Hello")
 
+    ours_r = openai("bench", api_key="k", base_url=base_url, api="responses")
+
+    async def ours_r_json() -> None:
+        r = await ours_r.generate(ModelRequest(list(MESSAGES), []))
+        assert r.message["content"].startswith("Hello")
+
+    async def ours_r_stream() -> None:
+        pieces: list[str] = []
+        r = await ours_r.generate(ModelRequest(list(MESSAGES), [], on_text=pieces.append))
+        assert r.message["content"] == "".join(pieces)
+
+    async def sdk_r_json() -> None:
+        r = await theirs.responses.create(
+            model="bench", instructions="Be brief.", input="Say hello.", store=False
+        )
+        assert r.output_text.startswith("Hello")
+
+    async def sdk_r_stream() -> None:
+        pieces: list[str] = []
+        s = await theirs.responses.create(
+            model="bench", instructions="Be brief.", input="Say hello.", store=False, stream=True
+        )
+        async for event in s:
+            if event.type == "response.output_text.delta":
+                pieces.append(event.delta)
+        assert "".join(pieces).startswith("Hello")
+
     variants: dict[str, Callable[[], Awaitable[None]]] = {
         "ours non-streamed": ours_json,
         "openai SDK non-streamed": sdk_json,
         "ours streamed": ours_stream,
         "openai SDK streamed": sdk_stream,
+        "ours responses non-streamed": ours_r_json,
+        "SDK responses non-streamed": sdk_r_json,
+        "ours responses streamed": ours_r_stream,
+        "SDK responses streamed": sdk_r_stream,
     }
     samples = await interleaved(variants, args.blocks, args.runs, args.warmup)
     await ours.aclose()
+    await ours_r.aclose()
     await theirs.close()
     return {k: statistics.median(v) for k, v in samples.items()}
 
@@ -95,10 +128,22 @@ def main() -> None:
     r_stream = per["ours streamed"] / per["openai SDK streamed"]
     print(f"{'ratio non-streamed ours / SDK':34s} {r_json:10.2f}   (target <= 1.00)")
     print(f"{'ratio streamed ours / SDK':34s} {r_stream:10.2f}   (target <= 1.00)")
+    rr_json = per["ours responses non-streamed"] / per["SDK responses non-streamed"]
+    rr_stream = per["ours responses streamed"] / per["SDK responses streamed"]
+    print(f"{'ratio responses non-streamed':34s} {rr_json:10.2f}   (target <= 1.00)")
+    print(f"{'ratio responses streamed':34s} {rr_stream:10.2f}   (target <= 1.00)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"ms_per_call": per, "ratio_json": r_json, "ratio_stream": r_stream}, f, indent=2
+                {
+                    "ms_per_call": per,
+                    "ratio_json": r_json,
+                    "ratio_stream": r_stream,
+                    "ratio_responses_json": rr_json,
+                    "ratio_responses_stream": rr_stream,
+                },
+                f,
+                indent=2,
             )
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
 from criogen_graph.agent import Agent, AgentTool
 from criogen_graph.approvals import Approval
+from criogen_graph.audit import read_audit
 from criogen_graph.errors import (
     CancelledError,
     CriogenError,
@@ -21,6 +22,7 @@ from criogen_graph.errors import (
     ToolExecutionError,
     ValidationError,
 )
+from criogen_graph.graph import AgentGraph
 from criogen_graph.hooks import (
     Hook,
     HookAction,
@@ -45,6 +47,20 @@ if TYPE_CHECKING:
     )
     from criogen_graph.adapters.models.gemini import GeminiModel, gemini
     from criogen_graph.adapters.models.openai import OpenAIModel, azure, openai, openrouter
+    from criogen_graph.adapters.models.openai_responses import (
+        OpenAIResponsesModel,
+        openai_responses,
+    )
+    from criogen_graph.background import (
+        RunFailedError,
+        RunHandle,
+        RunInfo,
+        Worker,
+        cancel_run,
+        close_runs,
+        get_run,
+        list_runs,
+    )
     from criogen_graph.documents import CollectionTool
     from criogen_graph.env import load_env
     from criogen_graph.mcp import McpServer, McpServerError, McpTool
@@ -54,6 +70,7 @@ if TYPE_CHECKING:
         ApprovalNeededEvent,
         MessageEvent,
         OtherEvent,
+        ReasoningEvent,
         Stream,
         StreamEvent,
         TextEvent,
@@ -72,6 +89,8 @@ _LAZY = {
     "openrouter": "criogen_graph.adapters.models.openai",
     "azure": "criogen_graph.adapters.models.openai",
     "OpenAIModel": "criogen_graph.adapters.models.openai",
+    "openai_responses": "criogen_graph.adapters.models.openai_responses",
+    "OpenAIResponsesModel": "criogen_graph.adapters.models.openai_responses",
     "anthropic": "criogen_graph.adapters.models.anthropic",
     "AnthropicModel": "criogen_graph.adapters.models.anthropic",
     "gemini": "criogen_graph.adapters.models.gemini",
@@ -91,9 +110,23 @@ _LAZY = {
     "Thread": "criogen_graph.thread",
     **dict.fromkeys(
         (
+            "RunFailedError",
+            "RunHandle",
+            "RunInfo",
+            "Worker",
+            "cancel_run",
+            "close_runs",
+            "get_run",
+            "list_runs",
+        ),
+        "criogen_graph.background",
+    ),
+    **dict.fromkeys(
+        (
             "ApprovalNeededEvent",
             "MessageEvent",
             "OtherEvent",
+            "ReasoningEvent",
             "Stream",
             "StreamEvent",
             "TextEvent",
@@ -122,6 +155,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Agent",
+    "AgentGraph",
     "AgentTool",
     "AnthropicModel",
     "Approval",
@@ -152,12 +186,17 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "OpenAIModel",
+    "OpenAIResponsesModel",
     "OtherEvent",
     "PendingApprovals",
+    "ReasoningEvent",
     "RecordingModel",
     "Redactor",
     "Reply",
     "Retry",
+    "RunFailedError",
+    "RunHandle",
+    "RunInfo",
     "RunResult",
     "Storage",
     "StorageError",
@@ -178,12 +217,19 @@ __all__ = [
     "ToolResult",
     "ToolSource",
     "ValidationError",
+    "Worker",
     "__version__",
     "anthropic",
     "azure",
+    "cancel_run",
+    "close_runs",
     "gemini",
+    "get_run",
+    "list_runs",
     "load_env",
     "openai",
+    "openai_responses",
     "openrouter",
+    "read_audit",
     "tool",
 ]

@@ -434,6 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("thread_id", metavar="ID", nargs="?", help="one thread (default: all)")
     p.add_argument("--limit", type=_positive_int, help="only the newest N records")
     p.add_argument("--json", action="store_true", help=json_help)
+    _add_background_parsers(sub, common)
     return parser
 
 
@@ -1502,3 +1503,191 @@ _THREAD_ACTIONS: dict[
     "retry": _answer,
     "audit": _audit,
 }
+
+
+# -- background runs: worker and runs ------------------------------------------------------
+
+_WORKER_DESCRIPTION = """\
+Run the background runs queued in a PostgreSQL storage (thread.submit(...)), until
+SIGINT or SIGTERM (which let the running ones finish). Start as many as you like, on as
+many machines as you like, all with the same --agent and --storage: each run goes to one
+worker, the runs of one thread one at a time in order, and the runs of a worker that
+died (silent for --stalled-after seconds) are continued by the others from their last
+saved step."""
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
+
+
+def _add_background_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    worker = sub.add_parser(
+        "worker",
+        parents=[common],
+        help="run queued background runs (PostgreSQL)",
+        description=_WORKER_DESCRIPTION,
+        epilog="example:\n  criogen-graph worker --agent support:agent "
+        "--storage postgresql://app@db/app --concurrency 8",
+        formatter_class=_formatter,
+    )
+    worker.add_argument(
+        "--agent",
+        metavar="MODULE:ATTR",
+        action="append",
+        required=True,
+        help="an importable Agent whose threads it serves (repeat for several)",
+    )
+    worker.add_argument(
+        "--storage",
+        metavar="URL",
+        help=f"the PostgreSQL storage (default: ${STORAGE_ENV}, else the agent's own)",
+    )
+    worker.add_argument(
+        "--concurrency", type=_positive_int, default=4, help="runs at once (default 4)"
+    )
+    worker.add_argument(
+        "--heartbeat",
+        type=_positive_float,
+        default=2.0,
+        help="seconds between heartbeats (default 2)",
+    )
+    worker.add_argument(
+        "--stalled-after",
+        type=_positive_float,
+        default=10.0,
+        help="seconds without a heartbeat after which a worker is taken for dead (default 10)",
+    )
+    worker.set_defaults(handler=_cmd_worker)
+
+    runs = sub.add_parser(
+        "runs",
+        parents=[common],
+        help="list, show and cancel background runs (PostgreSQL)",
+        description="The queue of background runs of a PostgreSQL storage.",
+        epilog="examples:\n  criogen-graph runs list --status failed\n"
+        "  criogen-graph runs show 3f2a...\n  criogen-graph runs cancel 3f2a...",
+        formatter_class=_formatter,
+    )
+    runs.add_argument(
+        "--storage", metavar="URL", help=f"the PostgreSQL storage (default: ${STORAGE_ENV})"
+    )
+    rsub = runs.add_subparsers(dest="runs_action", metavar="ACTION")
+    runs.set_defaults(handler=_cmd_runs, runs_parser=runs)
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--storage", metavar="URL", default=argparse.SUPPRESS)
+    shared.add_argument("--json", action="store_true", help="print JSON")
+    p = rsub.add_parser("list", parents=[shared], help="runs, newest first")
+    p.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "cancelled"])
+    p.add_argument("--thread", metavar="ID", help="only this thread's runs")
+    p.add_argument("--limit", type=_positive_int, default=50, help="at most N (default 50)")
+    p = rsub.add_parser("show", parents=[shared], help="one run: status, attempts, worker, error")
+    p.add_argument("run_id", metavar="RUN_ID")
+    p = rsub.add_parser("cancel", parents=[shared], help="cancel a queued or running run")
+    p.add_argument("run_id", metavar="RUN_ID")
+
+
+def _pg_storage_url(option: str | None, agents: Sequence[Agent[Any]] = ()) -> str:
+    url = option or os.environ.get(STORAGE_ENV)
+    if url is None and agents and agents[0].storage.scheme == "postgres":
+        url = agents[0].storage.url
+    if url is None:
+        raise CliError(f"pass --storage postgresql://... (or set ${STORAGE_ENV})")
+    url = _storage_url(url)
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise CliError(
+            f"background runs are queued in PostgreSQL; {_safe_url(url)} is not (on memory:// "
+            "and SQLite they run inside the process that submitted them)"
+        )
+    return url
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import logging
+
+    from criogen_graph.background import Worker
+    from criogen_graph.storage import Storage
+
+    agents = [_load_agent(spec) for spec in args.agent]
+    storage = Storage(_pg_storage_url(args.storage, agents), on_busy="wait")
+    if args.stalled_after <= args.heartbeat:
+        raise CliError("--stalled-after must be longer than --heartbeat")
+    worker = Worker(
+        agents,
+        storage=storage,
+        concurrency=args.concurrency,
+        heartbeat_secs=args.heartbeat,
+        stalled_after_secs=args.stalled_after,
+    )
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    print(
+        f"worker {worker.name} serving {', '.join(sorted(worker.agents))} on "
+        f"{_safe_url(storage.url)}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+    async def serve() -> None:
+        try:
+            await worker.run(install_signal_handlers=True)
+        finally:
+            await storage.close()
+
+    _run(serve())
+    return EXIT_OK
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    if args.runs_action is None:
+        args.runs_parser.print_help()
+        return EXIT_USAGE
+    from criogen_graph.storage import Storage
+
+    storage = Storage(_pg_storage_url(getattr(args, "storage", None)))
+    return _run(_runs(args, storage))
+
+
+async def _runs(args: argparse.Namespace, storage: Storage) -> int:
+    from criogen_graph import background
+
+    try:
+        if args.runs_action == "list":
+            infos = await background.list_runs(
+                storage, status=args.status, thread_id=args.thread, limit=args.limit
+            )
+            if args.json:
+                print(json.dumps([i.to_dict() for i in infos], indent=2))
+                return EXIT_OK
+            if not infos:
+                print("no background runs")
+                return EXIT_OK
+            for i in infos:
+                error = f"  {i.error_code}: {i.error}" if i.error else ""
+                print(
+                    f"{i.id}  {i.status:<9}  {i.action:<7}  thread={i.thread_id}  "
+                    f"attempts={i.attempts}  worker={i.worker or '-'}{error}"
+                )
+            return EXIT_OK
+        info = await background.get_run(storage, args.run_id)
+        if info is None:
+            raise CliError(f"no background run {args.run_id!r} in {_safe_url(storage.url)}")
+        if args.runs_action == "show":
+            if args.json:
+                print(json.dumps(info.to_dict(), indent=2))
+            else:
+                for key, value in info.to_dict().items():
+                    if value is not None:
+                        print(f"{key}: {value}")
+            return EXIT_OK
+        if await background.cancel_run(storage, args.run_id):
+            print(f"cancelled {args.run_id}" if not args.json else json.dumps({"cancelled": True}))
+            return EXIT_OK
+        raise CliError(f"run {args.run_id} has ended ({info.status}); nothing to cancel")
+    finally:
+        await background.close_runs(storage)
+        await storage.close()

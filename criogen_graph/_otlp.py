@@ -8,7 +8,8 @@ which at four spans per two-turn run was the largest part of what telemetry cost
 This one writes the wire format directly and keeps the encoded bytes of repeated short
 attributes (`gen_ai.operation.name = chat`, model and tool names), a few us per span. The
 output is the same message (`tests/test_telemetry.py` decodes it with `opentelemetry-proto`
-and compares it with the SDK's encoding of the same spans)."""
+and compares it with the SDK's encoding of the same spans). It is used only by the tracer
+provider that `Telemetry.otlp` makes, whose spans all have one resource and one scope."""
 
 from __future__ import annotations
 
@@ -17,18 +18,13 @@ import random
 import struct
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from criogen_graph.redact import package_logger
 
 _log = package_logger("criogen_graph.telemetry")
 
-#: OTLP `SpanKind` values (opentelemetry/proto/trace/v1/trace.proto).
-KIND_INTERNAL = 1
-KIND_CLIENT = 3
-#: `Status.code`: UNSET, OK, ERROR.
-STATUS_ERROR = 2
 #: `SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK` and `SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK`.
 _HAS_IS_REMOTE = 0x100
 _IS_REMOTE = 0x200
@@ -36,36 +32,6 @@ _IS_REMOTE = 0x200
 #: Status codes worth another attempt (the OTLP/HTTP specification's retryable set).
 _RETRYABLE = frozenset({408, 429, 502, 503, 504})
 _MAX_ATTEMPTS = 6
-
-
-class Finished:
-    """A span as it is queued for export: what the encoder reads."""
-
-    __slots__ = (
-        "attributes",
-        "context",
-        "end",
-        "events",
-        "kind",
-        "name",
-        "parent",
-        "start",
-        "status",
-    )
-
-    # `context` is an OpenTelemetry `SpanContext` (the batch processor drops spans
-    # whose context is not sampled); `parent` is the parent's, or None for a root.
-    context: Any
-    parent: Any
-    name: str
-    kind: int
-    start: int
-    end: int
-    attributes: dict[str, Any]
-    #: (name, time in ns, attributes)
-    events: list[tuple[str, int, dict[str, Any]]]
-    #: (code, message) or None (UNSET)
-    status: tuple[int, str] | None
 
 
 # -- the wire format ------------------------------------------------------------------
@@ -119,7 +85,8 @@ def _key_value(key: str, value: Any) -> bytes:
 
 
 class Encoder:
-    """Encodes batches of `Finished` spans as an `ExportTraceServiceRequest`. One per
+    """Encodes batches of the SDK's finished spans (of our tracer provider: one resource, one
+    scope) as an `ExportTraceServiceRequest`. One per
     exporter (it is used by the export thread only), holding the encoded resource and
     scope and a bounded cache of encoded short attributes."""
 
@@ -163,37 +130,49 @@ class Encoder:
                 out.append(_field(tag, _key_value(key, value)))
         return out
 
-    def span(self, span: Finished) -> bytes:
-        """One `Span` message."""
+    def span(self, span: Any) -> bytes:
+        """One `Span` message from the SDK's `ReadableSpan`."""
         context = span.context
         parts = [
             b"\x0a\x10" + context.trace_id.to_bytes(16, "big"),
             b"\x12\x08" + context.span_id.to_bytes(8, "big"),
         ]
+        state = context.trace_state
+        if state:
+            parts.append(_field(b"\x1a", state.to_header().encode()))
         parent = span.parent
         if parent is not None:
             parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
         parts.append(_field(b"\x2a", span.name.encode()))
-        parts.append(b"\x30" + _SMALL[span.kind])
-        parts.append(b"\x39" + span.start.to_bytes(8, "little"))
-        parts.append(b"\x41" + span.end.to_bytes(8, "little"))
+        # OTLP's SpanKind counts from UNSPECIFIED = 0; the API's from INTERNAL = 0.
+        parts.append(b"\x30" + _SMALL[span.kind.value + 1])
+        parts.append(b"\x39" + span.start_time.to_bytes(8, "little"))
+        parts.append(b"\x41" + span.end_time.to_bytes(8, "little"))
         parts.extend(self._attributes(b"\x4a", span.attributes))
-        for name, at, attributes in span.events:
-            event = [b"\x09" + at.to_bytes(8, "little"), _field(b"\x12", name.encode())]
-            event.extend(self._attributes(b"\x1a", attributes))
-            parts.append(_field(b"\x5a", b"".join(event)))
+        if span.dropped_attributes:
+            parts.append(b"\x50" + _varint(span.dropped_attributes))
+        for event in span.events:
+            encoded = [
+                b"\x09" + event.timestamp.to_bytes(8, "little"),
+                _field(b"\x12", event.name.encode()),
+            ]
+            encoded.extend(self._attributes(b"\x1a", event.attributes))
+            parts.append(_field(b"\x5a", b"".join(encoded)))
+        if span.dropped_events:
+            parts.append(b"\x60" + _varint(span.dropped_events))
         status = span.status
-        if status is None:
+        code = status.status_code.value
+        if code == 0 and not status.description:
             parts.append(b"\x7a\x00")
         else:
-            code, message = status
+            message = status.description
             text = _field(b"\x12", message.encode()) if message else b""
-            parts.append(_field(b"\x7a", text + b"\x18" + _SMALL[code]))
+            parts.append(_field(b"\x7a", text + (b"\x18" + _SMALL[code] if code else b"")))
         flags = _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)
         parts.append(b"\x85\x01" + flags.to_bytes(4, "little"))
         return b"".join(parts)
 
-    def request(self, spans: Sequence[Finished]) -> bytes:
+    def request(self, spans: Sequence[Any]) -> bytes:
         """An `ExportTraceServiceRequest` holding `spans` (one resource, one scope)."""
         resource, scope = self._scope_head
         scope_spans = scope + b"".join(_field(b"\x12", self.span(s)) for s in spans)
@@ -301,3 +280,260 @@ def _retry_after(value: str | None) -> float | None:
             return max(parsedate_to_datetime(value).timestamp() - time.time(), 0.0)
         except (TypeError, ValueError):
             return None
+
+
+# -- a light tracer provider for `Telemetry.otlp` --------------------------------------
+
+
+class _Event:
+    __slots__ = ("attributes", "name", "timestamp")
+
+    def __init__(self, name: str, attributes: dict[str, Any], timestamp: int) -> None:
+        self.name = name
+        self.attributes = attributes
+        self.timestamp = timestamp
+
+
+def _value(key: str, value: Any) -> Any:
+    """An attribute value as OpenTelemetry allows it (what the SDK's spans keep)."""
+    kind = type(value)
+    if kind is str or kind is bool or kind is int or kind is float or value is None:
+        return value
+    if isinstance(value, list | tuple):
+        # The API allows homogeneous arrays of primitives; anything else becomes text.
+        return tuple(v if isinstance(v, str | bool | int | float) else str(v) for v in value)
+    return str(value)
+
+
+def _make_light_classes() -> tuple[type, type, type]:
+    """The provider, tracer and span classes, made on first use: they subclass the
+    OpenTelemetry API's, which `import criogen_graph` should not load."""
+    from contextlib import contextmanager
+
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+    from opentelemetry.trace.status import Status, StatusCode
+
+    sampled_flags = TraceFlags(TraceFlags.SAMPLED)
+    unsampled_flags = TraceFlags(TraceFlags.DEFAULT)
+    unset = Status(StatusCode.UNSET)
+    get_current_span = trace.get_current_span
+
+    class LightSpan(trace.Span):
+        """A recording span of `LightTracer`: plain attributes, queued as it is when it
+        ends (what the batch processor and our encoder read of a `ReadableSpan`)."""
+
+        __slots__ = (
+            "_processor",
+            "attributes",
+            "context",
+            "end_time",
+            "events",
+            "kind",
+            "name",
+            "parent",
+            "start_time",
+            "status",
+        )
+
+        dropped_attributes = 0
+        dropped_events = 0
+        dropped_links = 0
+
+        def __init__(
+            self,
+            name: str,
+            context: SpanContext,
+            parent: SpanContext | None,
+            kind: SpanKind,
+            attributes: dict[str, Any],
+            start_time: int,
+            processor: Any,
+        ) -> None:
+            self.name = name
+            self.context = context
+            self.parent = parent
+            self.kind = kind
+            self.attributes = attributes
+            self.events: list[_Event] = []
+            self.status = unset
+            self.start_time = start_time
+            self.end_time: int | None = None
+            self._processor = processor
+
+        def get_span_context(self) -> SpanContext:
+            return self.context
+
+        def is_recording(self) -> bool:
+            return self.end_time is None
+
+        def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+            if self.end_time is None:
+                mine = self.attributes
+                for key, value in attributes.items():
+                    value = _value(key, value)
+                    if value is not None:
+                        mine[key] = value
+
+        def set_attribute(self, key: str, value: Any) -> None:
+            self.set_attributes({key: value})
+
+        def add_event(
+            self,
+            name: str,
+            attributes: Mapping[str, Any] | None = None,
+            timestamp: int | None = None,
+        ) -> None:
+            if self.end_time is None:
+                clean = {}
+                for key, value in (attributes or {}).items():
+                    value = _value(key, value)
+                    if value is not None:
+                        clean[key] = value
+                self.events.append(_Event(name, clean, timestamp or time.time_ns()))
+
+        def add_link(self, context: Any, attributes: Any = None) -> None:
+            pass  # links are not exported by this provider
+
+        def update_name(self, name: str) -> None:
+            if self.end_time is None:
+                self.name = name
+
+        def set_status(self, status: Any, description: str | None = None) -> None:
+            if self.end_time is not None or self.status.status_code is StatusCode.OK:
+                return
+            if isinstance(status, Status):
+                self.status = status
+            else:
+                self.status = Status(status, description)
+
+        def record_exception(
+            self,
+            exception: BaseException,
+            attributes: Any = None,
+            timestamp: int | None = None,
+            escaped: bool = False,
+        ) -> None:
+            # The type only: a message can hold what the redaction policy would remove.
+            self.add_event(
+                "exception",
+                {"exception.type": type(exception).__name__, **(attributes or {})},
+                timestamp,
+            )
+
+        def end(self, end_time: int | None = None) -> None:
+            if self.end_time is None:
+                self.end_time = end_time or time.time_ns()
+                self._processor.on_end(self)
+
+    class LightTracer(trace.Tracer):
+        """Spans with the parent and sampling the API prescribes (the current span, the
+        provider's sampler), recorded as `LightSpan`s."""
+
+        def __init__(self, provider: Any) -> None:
+            self._sampler = provider.sampler
+            self._processor = provider.processor
+
+        def start_span(
+            self,
+            name: str,
+            context: Any = None,
+            kind: SpanKind = SpanKind.INTERNAL,
+            attributes: Any = None,
+            links: Any = None,
+            start_time: int | None = None,
+            record_exception: bool = True,
+            set_status_on_exception: bool = True,
+        ) -> trace.Span:
+            parent: SpanContext | None = get_current_span(context).get_span_context()
+            if parent is not None and parent.is_valid:
+                trace_id = parent.trace_id
+            else:
+                parent = None
+                trace_id = random.getrandbits(128)
+            result = self._sampler.should_sample(context, trace_id, name, kind, attributes, links)
+            recorded = result.decision.is_recording()
+            span_context = SpanContext(
+                trace_id,
+                random.getrandbits(64),
+                False,
+                sampled_flags if result.decision.is_sampled() else unsampled_flags,
+                result.trace_state,
+            )
+            if not recorded:
+                return NonRecordingSpan(span_context)
+            clean: dict[str, Any] = {}
+            for key, value in (result.attributes or {}).items():
+                value = _value(key, value)
+                if value is not None:
+                    clean[key] = value
+            return LightSpan(
+                name,
+                span_context,
+                parent,
+                kind,
+                clean,
+                start_time or time.time_ns(),
+                self._processor,
+            )
+
+        @contextmanager
+        def start_as_current_span(  # type: ignore[override]
+            self,
+            name: str,
+            context: Any = None,
+            kind: SpanKind = SpanKind.INTERNAL,
+            attributes: Any = None,
+            links: Any = None,
+            start_time: int | None = None,
+            record_exception: bool = True,
+            set_status_on_exception: bool = True,
+            end_on_exit: bool = True,
+        ) -> Iterator[trace.Span]:
+            span = self.start_span(name, context, kind, attributes, links, start_time)
+            with trace.use_span(
+                span,
+                end_on_exit=end_on_exit,
+                record_exception=record_exception,
+                set_status_on_exception=set_status_on_exception,
+            ) as current:
+                yield current
+
+    class LightProvider(trace.TracerProvider):
+        """A tracer provider of the OpenTelemetry API whose spans go to one span
+        processor (the SDK's batch processor feeding our exporter). The SDK's own spans
+        validate and lock every attribute on every call, which cost several times a
+        whole agent turn's bookkeeping."""
+
+        def __init__(self, processor: Any, sampler: Any) -> None:
+            self.processor = processor
+            self.sampler = sampler
+            self._tracer = LightTracer(self)
+
+        def get_tracer(
+            self,
+            instrumenting_module_name: str,
+            instrumenting_library_version: str | None = None,
+            schema_url: str | None = None,
+            attributes: Any = None,
+        ) -> trace.Tracer:
+            return self._tracer
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return bool(self.processor.force_flush(timeout_millis))
+
+        def shutdown(self) -> None:
+            self.processor.shutdown()
+
+    return LightProvider, LightTracer, LightSpan
+
+
+_LIGHT: tuple[type, type, type] | None = None
+
+
+def light_provider(processor: Any, sampler: Any) -> Any:
+    """A `LightProvider` (see `_make_light_classes`) sending spans to `processor`."""
+    global _LIGHT
+    if _LIGHT is None:
+        _LIGHT = _make_light_classes()
+    return _LIGHT[0](processor, sampler)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import time
 import uuid
@@ -10,9 +9,6 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from langgraph.errors import GraphBubbleUp
-
-from criogen_graph._aio import cancel_pending, uncancelled
 from criogen_graph._observe import observe, run_redactor
 from criogen_graph._output import OutputSpec
 from criogen_graph.adapters.models import resolve_model
@@ -23,10 +19,6 @@ from criogen_graph.errors import (
     ValidationError,
 )
 from criogen_graph.hooks import (
-    HookAction,
-    HookContext,
-    HookFailedError,
-    call_hook,
     compile_hooks,
 )
 from criogen_graph.nodes.approval import APPROVAL_INTERRUPT
@@ -319,50 +311,15 @@ class Agent(Generic[Output]):
             graph = self._memory_graph(await self._storage.get_store())
         else:
             graph = self.graph
-        hooks = self._spec.hooks
-        hook_states: dict[str, Any] | None = None
-        values: dict[str, Any] | None = None
+        inp: dict[str, Any] = {"messages": (user,), "run": new_run(run_id), "state": run_state}
+        # `on_start` / `on_end` run inside the graph (see `nodes.segment`), as they do
+        # however LangGraph drives it.
+        api_run = API_RUN.set(True)
         try:
-            if hooks.on_start:
-                hook_states = await self._on_start(run_id, [user], run_state, {})
-            inp: dict[str, Any] = {
-                "messages": (user,),
-                "run": new_run(run_id, hook_states),
-                "state": run_state,
-            }
-            api_run = API_RUN.set(True)
-            try:
-                out = await graph.ainvoke(inp, self._config, version="v2")
-            finally:
-                API_RUN.reset(api_run)
-            values = out.value
-            result = self._result(values, out.interrupts, run_id, started)
-        except asyncio.CancelledError:
-            # The caller's own cancellation goes on as it is, so `asyncio.timeout`,
-            # `wait_for` and `TaskGroup` recognise it.
-            if hooks.on_end:
-                await uncancelled(self._on_end(run_id, values, [user], run_state, "failed"))
-            raise
-        except GraphBubbleUp:
-            # Run as a tool of another agent (a subgraph of its run), this agent stopped
-            # for approval: the interrupt surfaces on the caller's thread.
-            if hooks.on_end:
-                await self._on_end(run_id, values, [user], run_state, "suspended")
-            raise
-        except BaseException:
-            if hooks.on_end:
-                await self._on_end(run_id, values, [user], run_state, "failed")
-            raise
-        if hooks.on_end:
-            outcome = (
-                "failed"
-                if result.stop_reason == "limit"
-                else "suspended"
-                if result.needs_approval
-                else "completed"
-            )
-            await self._on_end(run_id, values, [user], run_state, outcome)
-        return result
+            out = await graph.ainvoke(inp, self._config, version="v2")
+        finally:
+            API_RUN.reset(api_run)
+        return self._result(out.value, out.interrupts, run_id, started)
 
     async def aclose(self) -> None:
         """Close what the agent opened: connections of its models and of its tool sources
@@ -404,7 +361,7 @@ class Agent(Generic[Output]):
         stop = None if approvals else run.get("stop_reason")
         text: str | None = None
         output: Any = None
-        if stop == "final_answer":
+        if stop in ("final_answer", "max_tokens"):
             last = _last_assistant(messages)
             text = (last.get("content") or "") if last is not None else ""
             output = text
@@ -458,86 +415,6 @@ class Agent(Generic[Output]):
             value=value,
             result=result,
         )
-
-    async def _on_start(
-        self,
-        run_id: str,
-        messages: list[dict[str, Any]],
-        state: dict[str, Any],
-        hook_states: dict[str, Any],
-    ) -> dict[str, Any]:
-        states = dict(hook_states)
-        for name, fn in self._spec.hooks.on_start:
-            ctx = HookContext.of_run(run_id, messages, 0, states.get(name), state)
-            try:
-                action = await call_hook(fn, ctx)
-            except asyncio.CancelledError as exc:
-                if cancel_pending():
-                    raise
-                raise HookFailedError(
-                    f"hook {name!r} raised asyncio.CancelledError in on_start (the run was "
-                    "not cancelled)",
-                    hook=name,
-                    method="on_start",
-                ) from exc
-            except Exception as exc:
-                raise HookFailedError(
-                    f"hook {name!r} raised in on_start: {type(exc).__name__}: {exc}",
-                    hook=name,
-                    method="on_start",
-                ) from exc
-            if action is None:
-                continue
-            if not isinstance(action, HookAction):
-                raise HookFailedError(
-                    f"hook {name!r}: on_start must return HookAction(state=...) or None, got "
-                    f"{type(action).__name__}",
-                    hook=name,
-                    method="on_start",
-                )
-            if action.messages is not None or action.message is not None or action.end:
-                raise HookFailedError(
-                    f"hook {name!r}: on_start may only save state (HookAction(state=...))",
-                    hook=name,
-                    method="on_start",
-                )
-            if action.saves_state:
-                states[name] = action.state
-        return states
-
-    async def _on_end(
-        self,
-        run_id: str,
-        values: dict[str, Any] | None,
-        fallback_messages: list[dict[str, Any]],
-        state: dict[str, Any],
-        outcome: str,
-    ) -> None:
-        run = (values or {}).get("run") or {}
-        messages = (values or {}).get("messages") or fallback_messages
-        states = run.get("hooks") or {}
-        for name, fn in self._spec.hooks.on_end:
-            ctx = HookContext.of_run(
-                run_id, messages, run.get("model_calls", 0), states.get(name), state
-            )
-            try:
-                await call_hook(fn, ctx, outcome)
-            except asyncio.CancelledError:
-                if cancel_pending():
-                    raise
-                # Raised by the hook itself (the run was not cancelled): its failure.
-                import logging
-
-                logging.getLogger("criogen_graph").exception(
-                    "hook %r raised asyncio.CancelledError in on_end (ignored)", name
-                )
-            except Exception:
-                # on_end cannot change the outcome; its failure is logged, not raised.
-                import logging
-
-                logging.getLogger("criogen_graph").exception(
-                    "hook %r raised in on_end (ignored)", name
-                )
 
     def __repr__(self) -> str:
         m = self._spec.models[0]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -27,6 +29,9 @@ TRANSIENT_KINDS = frozenset({"rate_limit", "transient", "timeout", "connection"}
 MODEL_ERROR_KINDS = frozenset(
     TRANSIENT_KINDS | {"context_overflow", "content_filter", "auth", "bad_request", "not_found"}
 )
+#: LangGraph's server (`langgraph dev`, LangGraph Platform), whose JSON encoder may read
+#: `CriogenError._asdict`.
+_SERVER_PACKAGE = "langgraph_api"
 
 
 class CriogenError(Exception):
@@ -45,6 +50,29 @@ class CriogenError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+    @property
+    def _asdict(self) -> Callable[[], dict[str, str]]:
+        """What LangGraph's server shows its clients when this error fails a run.
+
+        The server's JSON encoder (`langgraph_api.serde.default`) hides the message of an
+        exception whose type is not on its allowlist (`{"error": <class name>, "message":
+        "An internal error occurred"}`), unless the object has `model_dump`, `dict` or
+        `_asdict`, whose dict it sends as is. LangGraph's checkpoint serializer reads the
+        same three names first (it would save a dict instead of the error's repr), so only
+        code of the server's own package finds this one: to anyone else the attribute does
+        not exist. Should the server move its encoder out of that package, clients get its
+        default again (class name only); tests/test_server_errors.py would say so.
+        """
+        # The caller's frame is the only difference between the server's encoder and the
+        # checkpoint serializer: both probe with hasattr() on the same object.
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller != _SERVER_PACKAGE and not caller.startswith(f"{_SERVER_PACKAGE}."):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute '_asdict'")
+        return self._server_fields
+
+    def _server_fields(self) -> dict[str, str]:
+        return {"error": type(self).__name__, "code": self.code, "message": str(self)}
 
 
 class ValidationError(CriogenError):

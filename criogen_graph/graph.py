@@ -8,26 +8,210 @@ START -> model --(answer / output / end)--------------------------> END
 
 `model` routes with `Command(goto=...)`, so the graph needs no traced branch functions;
 `destinations` tells LangGraph (and Studio's drawing) where it can go.
+
+The compiled graph is the whole agent: its `astream` (which `ainvoke`, `astream_events`,
+a parent graph and LangGraph's server all go through) redacts new input, runs the hooks
+of the run segment and keeps its audit records (see `nodes.segment`), so LangGraph
+running the graph itself gets what our `Thread` gets.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
+from langgraph.errors import GraphBubbleUp
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import Command
 
+from criogen_graph._aio import uncancelled
+from criogen_graph.adapters.storage.base import SaverMixin
+from criogen_graph.audit import SegmentAudit, answer_action
 from criogen_graph.nodes.approval import ApprovalNode
-from criogen_graph.nodes.model import ModelNode
+from criogen_graph.nodes.model import API_RUN, ModelNode
+from criogen_graph.nodes.segment import SEGMENT_KEY, RunSegment
 from criogen_graph.nodes.spec import AgentSpec
-from criogen_graph.nodes.state import AgentState
+from criogen_graph.nodes.state import AgentState, normalize_message
 from criogen_graph.nodes.tools import ToolsNode
+from criogen_graph.redact import Redactor, effective, redact_messages
 
-__all__ = ["AgentState", "build_graph"]
+__all__ = ["AgentGraph", "AgentState", "build_graph"]
+
+_CHECKPOINTER = "__pregel_checkpointer"
+_RUNTIME = "__pregel_runtime"
+
+
+class _AgentBuilder(StateGraph[Any]):
+    """The agent's `StateGraph`; compiling it (also as `agent.graph.builder.compile(...)`)
+    gives an `AgentGraph`."""
+
+    def __init__(self, spec: AgentSpec) -> None:
+        super().__init__(AgentState)
+        self.spec = spec
+
+    def compile(self, *args: Any, **kwargs: Any) -> Any:
+        graph = super().compile(*args, **kwargs)
+        # LangGraph builds a plain `CompiledStateGraph`; ours only adds `astream`.
+        graph.__class__ = AgentGraph
+        return graph
+
+
+class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
+    """An agent's compiled LangGraph graph (`agent.graph`): a `CompiledStateGraph` whose
+    runs, however LangGraph drives them, redact new input with the agent's policy, run
+    `on_start` / `on_end` once per run segment, and keep audit records in the run's store
+    when the checkpointer is not ours (see `criogen_graph.audit`)."""
+
+    def astream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        spec: AgentSpec | None = getattr(self.builder, "spec", None)
+        if spec is None:
+            return super().astream(input, config, **kwargs)
+        audit: SegmentAudit | None = None
+        if not API_RUN.get():
+            # Driven by LangGraph itself: our API redacts its input and keeps its audit
+            # trail before it gets here.
+            redactor = effective(spec.redact)
+            if redactor is not None:
+                input = _redacted_input(input, redactor)
+            audit = self._store_audit(config, redactor)
+            if audit is not None:
+                _note_action(audit, input)
+        hooks = spec.hooks
+        if not hooks.on_start and not hooks.on_end and audit is None:
+            configurable = (config or {}).get("configurable")
+            if configurable and configurable.get(SEGMENT_KEY) is not None:
+                # Run inside another agent's segment (a subgraph): not ours to note.
+                config = {**(config or {}), "configurable": {**configurable, SEGMENT_KEY: None}}
+            return super().astream(input, config, **kwargs)
+        seg = RunSegment(spec, note_records=audit is not None)
+        config = {**(config or {})}
+        config["configurable"] = {**(config.get("configurable") or {}), SEGMENT_KEY: seg}
+        return self._segment(input, config, kwargs, seg, audit)
+
+    async def _segment(
+        self,
+        input: Any,
+        config: RunnableConfig,
+        kwargs: dict[str, Any],
+        seg: RunSegment,
+        audit: SegmentAudit | None,
+    ) -> AsyncIterator[Any]:
+        try:
+            async for chunk in super().astream(input, config, **kwargs):
+                yield chunk
+        except GraphBubbleUp:
+            # Run as a subgraph, it stopped for approval: the interrupt goes up.
+            await uncancelled(self._end(seg, audit, "suspended", None))
+            raise
+        except BaseException as exc:
+            # A raise, a cancellation (a timeout, a client gone), or the consumer leaving.
+            await uncancelled(self._end(seg, audit, "failed", exc))
+            raise
+        await self._end(seg, audit, seg.outcome or "suspended", None)
+
+    @staticmethod
+    async def _end(
+        seg: RunSegment, audit: SegmentAudit | None, outcome: str, exc: BaseException | None
+    ) -> None:
+        try:
+            await seg.end(outcome)
+        finally:
+            if audit is not None:
+                audit.run_id = seg.run_id or None
+                if seg.decisions is not None:
+                    audit.decided(seg.decisions)
+                audit.tool_calls(seg.records)
+                if exc is not None:
+                    cancelled = isinstance(exc, asyncio.CancelledError | GeneratorExit)
+                    text = str(exc)
+                    audit.add(
+                        "run_cancelled" if cancelled else "run_failed",
+                        error=type(exc).__name__,
+                        message=text[:2000],
+                    )
+                await audit.write(seg.run_id or None)
+
+    def _store_audit(
+        self, config: RunnableConfig | None, redactor: Redactor | None
+    ) -> SegmentAudit | None:
+        """Where a run LangGraph drives keeps its audit records: our storage's table when
+        the checkpointer is ours, else the run's store (none without a thread id)."""
+        configurable = (config or {}).get("configurable") or {}
+        thread_id = configurable.get("thread_id")
+        if thread_id is None or thread_id == "":
+            return None
+        metadata = (config or {}).get("metadata") or {}
+        actor = (
+            configurable.get("actor")
+            or metadata.get("actor")
+            or configurable.get("langgraph_auth_user_id")
+            or None
+        )
+        checkpointer = self.checkpointer or configurable.get(_CHECKPOINTER)
+        if isinstance(checkpointer, SaverMixin):
+            if checkpointer.audit_writer is None:
+                return None
+            return SegmentAudit(
+                None, str(thread_id), actor, redactor, writer=checkpointer.audit_writer
+            )
+        store = self.store
+        if store is None:
+            runtime = configurable.get(_RUNTIME)
+            store = getattr(runtime, "store", None)
+        if store is None:
+            return None
+        return SegmentAudit(store, str(thread_id), actor, redactor)
+
+
+def _redacted_input(input: Any, redactor: Redactor) -> Any:
+    """New messages and approval answers with the agent's policy applied, before
+    LangGraph keeps them (in the state, the input checkpoint, the resume write)."""
+    if isinstance(input, Mapping) and input.get("messages") is not None:
+        return {**input, "messages": _redacted_messages(input["messages"], redactor)}
+    if isinstance(input, Command):
+        resume = input.resume
+        if resume is not None:
+            # The values only: the keys are call ids (or interrupt ids) to match.
+            if isinstance(resume, Mapping):
+                resume = {k: redactor.redact_value(v) for k, v in resume.items()}
+            else:
+                resume = redactor.redact_value(resume)
+        update = input.update
+        if isinstance(update, Mapping) and update.get("messages") is not None:
+            update = {**update, "messages": _redacted_messages(update["messages"], redactor)}
+        return Command(graph=input.graph, update=update, resume=resume, goto=input.goto)
+    return input
+
+
+def _redacted_messages(messages: Any, redactor: Redactor) -> tuple[dict[str, Any], ...]:
+    items = messages if isinstance(messages, list | tuple) else [messages]
+    return tuple(redact_messages(redactor, [normalize_message(m) for m in items]))
+
+
+def _note_action(audit: SegmentAudit, input: Any) -> None:
+    """The record of what started the segment: a message, an answer, a retry."""
+    if isinstance(input, Mapping) and input.get("messages") is not None:
+        items = input["messages"]
+        items = items if isinstance(items, list | tuple) else [items]
+        users = [m for m in items if isinstance(m, Mapping) and m.get("role") == "user"]
+        text = users[-1].get("content") if users else None
+        audit.add("send", input=text)
+    elif isinstance(input, Command) and input.resume is not None:
+        audit.add(answer_action(input.resume), answer=input.resume)
+    elif isinstance(input, Command):
+        audit.add("update")
+    elif input is None:
+        audit.add("retry")
 
 
 def build_graph(spec: AgentSpec) -> StateGraph[Any]:
     """The uncompiled graph of an agent: nodes `model`, `approval` and `tools`."""
-    builder: StateGraph[Any] = StateGraph(AgentState)
+    builder = _AgentBuilder(spec)
     # The nodes are callables taking the state (or a Send payload); LangGraph's overloads
     # only type plain functions, hence the casts.
     model: Any = ModelNode(spec)

@@ -29,7 +29,9 @@ class Hook:
     any of these methods, each sync or async:
 
     - `on_start(ctx)`: once per run segment (a run, or its continuation after approval
-      or retry), before anything else; may return `HookAction(state=...)`.
+      or retry; one invocation of the graph, however LangGraph drives it), in its first
+      node before anything else, `ctx.messages` ending with the new message; may return
+      `HookAction(state=...)`.
     - `before_model(ctx)`: before each model call; may replace the transcript
       (`HookAction(messages=...)`, kept) or end the run (`HookAction(end=True, output=...)`).
     - `after_model(ctx)`: after each model reply (`ctx.messages` ends with it); may
@@ -39,8 +41,9 @@ class Hook:
       model that error instead of running the tool.
     - `after_tool(call, result)`: after each tool call that produced a result; anything
       but `None` replaces the result the model sees.
-    - `on_end(ctx, outcome)`: always, once per run segment, with `"completed"`,
-      `"suspended"` or `"failed"`; cannot change the outcome.
+    - `on_end(ctx, outcome)`: always, once per run segment that started, as it ends,
+      with `"completed"`, `"suspended"` (an approval or a breakpoint) or `"failed"` (a
+      raise, a limit, a cancellation); cannot change the outcome.
 
     `on_start`, `before_model` and `before_tool` run in list order, the others in
     reverse. A raise in `on_start`, `before_model` or `after_model` fails the run with a

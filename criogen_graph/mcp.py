@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
+import json
 import math
 import os
 import re
@@ -41,17 +43,23 @@ INSTALL_HINT = "pip install 'criogen-graph[mcp]'"
 #: How many lines of a stdio server's stderr an error message quotes.
 _STDERR_TAIL = 12
 _BAD_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+#: What a session id may be made of (the spec: visible ASCII characters only).
+_SESSION_ID = re.compile(rb"[\x21-\x7e]+")
+#: How long the end of a session (an HTTP server's DELETE) may take, at most (and at
+#: most the server's startup timeout).
+_CLOSE_GRACE_SECS = 3.0
 
 
 class McpServerError(CriogenError):
     """An MCP server cannot be used, named by `server`.
 
     `code` says why: `"mcp_unavailable"` (it does not start, exits at once, cannot be
-    reached, does not finish its handshake within `startup_timeout_secs`, or cannot be
-    started again after it stopped) or `"mcp_connection_lost"` (it stopped or dropped
-    the connection while a call ran; that call is not sent again, since it may have run,
-    and the next call starts a new session). Raised where the server is first needed:
-    loading the agent's tools, or a call (where `on_tool_exception` applies to it).
+    reached, does not finish its handshake or list its tools within
+    `startup_timeout_secs`, or cannot be started again after it stopped) or
+    `"mcp_connection_lost"` (it stopped or dropped the connection while a call ran; that
+    call is not sent again, since it may have run). Raised where the server is first
+    needed: loading the agent's tools, or a call (where `on_tool_exception` applies to
+    it).
     """
 
     code = "mcp_unavailable"
@@ -105,7 +113,17 @@ class McpServer(ToolSource):
     server died is not sent again (it may have done its work): it fails with
     `McpServerError` (code `"mcp_connection_lost"`), and the agent's
     `on_tool_exception` policy decides what the model sees. A server that cannot be
-    started (again) raises `McpServerError` (code `"mcp_unavailable"`).
+    started (again) raises `McpServerError` (code `"mcp_unavailable"`); the next run
+    tries again.
+
+    HTTP sessions: a server that restarted (or let the session go) answers the old
+    `Mcp-Session-Id` with 404 (or 400, as servers did before the spec said 404). The
+    call did not run, so it is sent once more, to a new session; calls that notice at
+    the same time share one new session. A call the server refuses for the new session
+    too is the model's error. A call that could not reach the server at all (connection
+    refused) is also sent once more; one whose answer was cut off or was not JSON is
+    not. `aclose()` ends the session with the HTTP `DELETE` the spec describes (waiting
+    at most 3 s, or `startup_timeout_secs` when shorter).
 
     Results: an error result (`isError`) reaches the model as a `ToolError`; otherwise
     the model gets the structured content when there is some, else the text content
@@ -118,9 +136,9 @@ class McpServer(ToolSource):
     front of every tool name, to keep the tools of two servers apart), `timeout_secs`
     (a per-call timeout for these tools instead of the agent's
     `Limits.tool_timeout_secs`) and `startup_timeout_secs` (how long starting and the
-    protocol handshake may take). Tool names are made fit for models (characters other
-    than letters, digits, `_` and `-` become `_`; at most 64 characters); the server
-    still gets its own names.
+    protocol handshake may take, and then listing the tools). Tool names are made fit
+    for models (characters other than letters, digits, `_` and `-` become `_`; at most
+    64 characters); the server still gets its own names.
 
     Tool annotations of the server (`readOnlyHint`, `idempotentHint`) are not trusted:
     MCP tools are never retried by `tool_retry`.
@@ -322,8 +340,20 @@ class McpServer(ToolSource):
         return tools
 
     async def _list_tools(self) -> list[mcp_types.Tool]:
+        from mcp.shared.exceptions import MCPError
+        from mcp.types import CONNECTION_CLOSED
+
+        timeout = self._startup_timeout_secs
+        loop = asyncio.get_running_loop()
         for attempt in (1, 2):
             session = await self._session()
+            trace = _Trace()
+            token = _TRACE.set(trace)
+            session.enter()
+            # Past the deadline the session is stopped under the listing, rather than
+            # the listing cancelled: the SDK would first wait (seconds) to tell a stuck
+            # session that the request was abandoned.
+            late = loop.call_later(timeout, session.abort)
             tools: list[mcp_types.Tool] = []
             cursor: str | None = None
             try:
@@ -337,44 +367,88 @@ class McpServer(ToolSource):
             except McpServerError:
                 raise
             except Exception as exc:
-                if not session.lost:
+                if session.aborted:
+                    raise self._error(f"did not list its tools within {timeout:g} s") from None
+                if trace.refused() is not None:
+                    session.forget()
+                retry = (
+                    session.lost
+                    or session.expired
+                    or (isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED)
+                )
+                if not retry:
                     raise self._error(f"could not list its tools: {_describe(exc)}") from exc
                 if attempt == 2:
                     raise self._error(
                         f"stopped while its tools were being listed ({_describe(exc)})"
                     ) from exc
                 # Listing changes nothing on the server: asking a new session is safe.
+                # (Not the same one: its transport may be gone without it knowing yet.)
+                if trace.answered():
+                    session.drop()
+                else:
+                    session.lost = True
+            finally:
+                late.cancel()
+                _TRACE.reset(token)
+                session.leave()
         raise AssertionError("unreachable")
 
     async def _call(self, mcp_name: str, args: dict[str, Any]) -> Any:
         from mcp.shared.exceptions import MCPError
-        from mcp.types import CONNECTION_CLOSED, INVALID_REQUEST
+        from mcp.types import CONNECTION_CLOSED
 
+        http = isinstance(self._target, _Http)
         for attempt in (1, 2):
             session = await self._session()
+            trace = _Trace()
+            token = _TRACE.set(trace)
             # No await between the liveness check in _session() and the send: a session
             # seen alive here had not lost its transport when the request went out.
+            session.enter()
             try:
                 result = await session.client().call_tool(mcp_name, args)
-                break
             except MCPError as exc:
-                if exc.code == INVALID_REQUEST and session.expired:
-                    # The server answered 404: it no longer knows the session (it
-                    # restarted, or let an idle session go), so the call did not run
-                    # and a new session may send it.
+                error = exc
+            else:
+                return _result_value(mcp_name, result)
+            finally:
+                _TRACE.reset(token)
+                session.leave()
+            refused = trace.refused() if http else None
+            if refused is not None:
+                # The server answered 404 (or 400) to a request of this session: it no
+                # longer knows the session (it restarted, or let an idle session go), so
+                # the call did not run and a new session may send it, once.
+                session.forget()
+                if attempt == 1:
+                    continue
+                raise ToolError(
+                    f"the MCP server refused the call to {mcp_name} ({refused}), for a new "
+                    f"session too: {error}"
+                ) from error
+            closed = error.code == CONNECTION_CLOSED or session.lost
+            if http and closed and trace.unsent():
+                # The request never left (e.g. the connection was refused): it cannot have
+                # run, and the session is gone with the transport.
+                session.lost = True
+                if attempt == 1:
+                    continue
+                raise self._error(
+                    f"could not be sent the call to {mcp_name!r} ({trace.problem() or error})",
+                    code="mcp_connection_lost",
+                ) from error
+            if closed:
+                if not http or not trace.answered():
                     session.lost = True
-                    if attempt == 1:
-                        continue
-                if exc.code == CONNECTION_CLOSED or session.lost:
-                    session.lost = True
-                    raise self._error(
-                        f"stopped or dropped the connection while {mcp_name!r} ran; the call "
-                        "may or may not have taken effect, so it is not sent again (the next "
-                        "call starts a new session)",
-                        code="mcp_connection_lost",
-                    ) from exc
-                raise ToolError(f"the MCP server refused the call to {mcp_name}: {exc}") from exc
-        return _result_value(mcp_name, result)
+                again = " (the next call starts a new session)" if session.lost else ""
+                raise self._error(
+                    f"stopped or dropped the connection while {mcp_name!r} ran; the call "
+                    "may or may not have taken effect, so it is not sent again" + again,
+                    code="mcp_connection_lost",
+                ) from error
+            raise ToolError(_call_failure(mcp_name, error, trace)) from error
+        raise AssertionError("unreachable")
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -394,12 +468,16 @@ class McpServer(ToolSource):
         if session is not None and session.usable:
             return session
         async with state.lock:
+            # Calls that found the session gone all wait here; the first starts a new
+            # one and the others use it.
             session = state.session
             if session is not None and session.usable:
                 return session
-            restarting = session is not None and session.lost
+            restarting = session is not None and (session.lost or session.expired)
             if session is not None:
-                await session.close()
+                # Calls still running on it finish first (their answers may be on the
+                # way); it ends when the last one does.
+                state.retire(session)
             session = state.session = _Session(self)
             try:
                 await session.start()
@@ -416,7 +494,7 @@ class McpServer(ToolSource):
                 # The caller was cancelled (e.g. its tool timed out) while the server
                 # started: stop it rather than leave a half-started session behind.
                 state.session = None
-                session.stop_nowait()
+                state.retire(session)
                 raise
             return session
 
@@ -522,21 +600,35 @@ def _b64_size(data: str) -> int:
 
 
 class _LoopState:
-    """The session of one event loop, and the lock that makes one task start it."""
+    """The session of one event loop, the lock that makes one task start it, and the
+    sessions it replaced that are still ending."""
 
     def __init__(self) -> None:
         self.session: _Session | None = None
         self.lock = asyncio.Lock()
+        self.retiring: set[_Session] = set()
+
+    def retire(self, session: _Session) -> None:
+        """Let `session` end once its running calls have (at once if none runs)."""
+        self.retiring.add(session)
+        session.retire(lambda: self.retiring.discard(session))
 
     async def close(self) -> None:
-        session, self.session = self.session, None
-        if session is not None:
+        sessions = self._take()
+        for session in sessions:
+            session.stop_nowait()
+        for session in sessions:
             await session.close()
 
     def stop_nowait(self) -> None:
-        session, self.session = self.session, None
-        if session is not None:
+        for session in self._take():
             session.stop_nowait()
+
+    def _take(self) -> list[_Session]:
+        sessions = [*self.retiring] + ([self.session] if self.session is not None else [])
+        self.session = None
+        self.retiring = set()
+        return sessions
 
 
 class _Session:
@@ -548,11 +640,18 @@ class _Session:
         self.server = server
         self._client: Client | None = None
         self.lost = False  # the transport ended: the server stopped or the connection dropped
-        self.expired = False  # an HTTP server answered 404 to a request of this session
+        # The server no longer knows the session (it answered 404, or refused a call for
+        # it): nothing more goes to it, not even the DELETE that ends a session.
+        self.expired = False
         self._stopping = False
+        self._retired = False
+        self._dropped = False
+        self.aborted = False  # stopped by a deadline (`abort`)
+        self._calls = 0  # requests running on the session
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Read the outcome even when nobody waits any more (no "never retrieved" noise).
         self._ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._scope: anyio.CancelScope | None = None
         self._stderr: _StderrPump | None = None
@@ -560,12 +659,53 @@ class _Session:
 
     @property
     def usable(self) -> bool:
-        return self._client is not None and not self.lost and not self._stopping
+        return (
+            self._client is not None
+            and not self.lost
+            and not self.expired
+            and not self._stopping
+            and not self._retired
+            and not self._dropped
+        )
 
     def client(self) -> Client:
         if self._client is None:  # closed under a caller
             raise self.server._error("was closed", code="mcp_connection_lost")
         return self._client
+
+    def enter(self) -> None:
+        self._calls += 1
+
+    def leave(self) -> None:
+        self._calls -= 1
+        if self._retired and self._calls == 0:
+            self.stop_nowait()
+
+    def forget(self) -> None:
+        """The server does not know this session (any more)."""
+        self.expired = True
+
+    def drop(self) -> None:
+        """Send nothing more on this session (it ends once its calls have)."""
+        self._dropped = True
+
+    def abort(self) -> None:
+        """Stop the session at once, under whatever runs on it."""
+        self.aborted = True
+        self.lost = True
+        if self._scope is not None:
+            self._scope.cancel()
+        elif self._task is not None:
+            self._task.cancel()
+
+    def retire(self, on_ended: Callable[[], None]) -> None:
+        self._retired = True
+        if self._task is None or self._task.done():
+            on_ended()
+        else:
+            self._task.add_done_callback(lambda _: on_ended())
+        if self._calls == 0:
+            self.stop_nowait()
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._hold(), name=f"MCP session {self.server.name}")
@@ -574,19 +714,21 @@ class _Session:
 
     def stop_nowait(self) -> None:
         self._stopping = True
-        if self._scope is not None:
+        if self._scope is None:
+            if self._task is not None:
+                self._task.cancel()  # not started yet: nothing to unwind
+        elif self._client is not None and not self.lost:
+            # Up: leave the session the way the protocol asks (an HTTP server gets the
+            # DELETE that ends it), within a grace period.
+            self._stop.set()
+        else:
             self._scope.cancel()
-        elif self._task is not None:
-            self._task.cancel()  # not started yet: nothing to unwind
 
     async def close(self) -> None:
         self.stop_nowait()
         task = self._task
         if task is not None and not task.done() and task is not asyncio.current_task():
             await asyncio.wait([task])
-
-    def _expire(self) -> None:
-        self.expired = True
 
     def _on_transport_end(self) -> None:
         self.lost = True
@@ -616,7 +758,10 @@ class _Session:
                     self._client = client
                     scope.deadline = math.inf
                     self._ready.set_result(None)
-                    await anyio.sleep_forever()
+                    await self._stop.wait()
+                    scope.deadline = anyio.current_time() + min(
+                        _CLOSE_GRACE_SECS, server._startup_timeout_secs
+                    )
             if not self._ready.done():
                 if self._stopping:
                     self._fail(server._error("was closed while it was starting"))
@@ -649,7 +794,9 @@ class _Session:
         if isinstance(target, _Stdio):
             self._stderr = _StderrPump()
             return _stdio_transport(target, self._stderr, self._on_transport_end)
-        return _http_transport(target, self._http_problems, self._on_transport_end, self._expire)
+        return _http_transport(
+            target, self._http_problems, self._on_transport_end, self.forget, lambda: self.expired
+        )
 
     async def _startup_problem(self, exc: BaseException) -> str:
         from mcp.shared.exceptions import MCPError
@@ -676,6 +823,8 @@ class _Session:
         problem = self._http_problems[-1] if self._http_problems else _describe(leaf)
         if problem.startswith("HTTP "):
             return f"answered {problem} at {url}"
+        if problem == _BAD_SESSION_ID:
+            return f"answered at {url} with {problem}"
         return f"could not be reached at {url}: {problem}"
 
     async def _stderr_tail(self) -> str:
@@ -722,6 +871,7 @@ async def _http_transport(
     problems: collections.deque[str],
     on_end: Callable[[], None],
     on_expired: Callable[[], None],
+    expired: Callable[[], bool],
 ) -> AsyncIterator[tuple[Any, Any]]:
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
@@ -729,25 +879,50 @@ async def _http_transport(
     class RecordingTransport(httpx2.AsyncBaseTransport):
         """Keeps what went wrong at the HTTP level: the SDK turns it into a bare
         "connection closed" or "error response", and the user needs the status or the
-        network error."""
+        network error (and `_call` needs to know whether a request left at all)."""
 
         def __init__(self) -> None:
             self._inner = httpx2.AsyncHTTPTransport()
 
         async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+            with_session = "mcp-session-id" in request.headers
+            if request.method == "DELETE" and expired():
+                # The server no longer knows the session: there is nothing to end.
+                return httpx2.Response(204, request=request)
             # Only POSTs carry requests: a GET (event stream) or DELETE (end of session)
             # that fails is allowed to, and must not hide why a request failed.
             if request.method != "POST":
-                return await self._inner.handle_async_request(request)
+                response = await self._inner.handle_async_request(request)
+                if response.status_code == 404 and with_session and request.method == "GET":
+                    on_expired()
+                return response
+            trace = _TRACE.get()
+            post = _Post(with_session) if trace is not None and _is_request(request) else None
+            if post is not None and trace is not None:
+                trace.posts.append(post)
             try:
                 response = await self._inner.handle_async_request(request)
             except Exception as exc:
                 problems.append(_describe(exc))
+                if post is not None:
+                    post.error = exc
                 raise
+            status = f"HTTP {response.status_code} {response.reason_phrase}".strip()
+            if post is not None:
+                post.status = response.status_code
+                post.answer = status
             if response.status_code >= 400:
-                problems.append(f"HTTP {response.status_code} {response.reason_phrase}".strip())
-                if response.status_code == 404 and "mcp-session-id" in request.headers:
+                problems.append(status)
+                if response.status_code == 404 and with_session:
+                    # The spec's word for "this session is over": the request did not run.
                     on_expired()
+            for name, value in response.headers.raw:
+                if name.lower() == b"mcp-session-id" and not _SESSION_ID.fullmatch(value):
+                    # It could not be sent back as it came (httpx refuses non-ASCII
+                    # headers) and would fail every later request in a confusing way.
+                    await response.aclose()
+                    problems.append(_BAD_SESSION_ID)
+                    raise _BadSessionId(_BAD_SESSION_ID)
             return response
 
         async def aclose(self) -> None:
@@ -762,6 +937,97 @@ async def _http_transport(
     )
     async with http, streamable_http_client(target.url, http_client=http) as (read, write):
         yield _WatchedReadStream(read, on_end), write
+
+
+_BAD_SESSION_ID = (
+    "a session id that has characters the protocol does not allow (only visible ASCII)"
+)
+
+
+class _BadSessionId(Exception):
+    """An HTTP server handed out a session id the protocol does not allow."""
+
+
+def _is_request(request: Any) -> bool:
+    """Whether an HTTP request carries a JSON-RPC request (not a notification or a
+    response)."""
+    try:
+        message = json.loads(request.content)
+    except (ValueError, TypeError, RuntimeError):
+        return False
+    return isinstance(message, dict) and "method" in message and "id" in message
+
+
+class _Post:
+    """One POST of a JSON-RPC request, and what came of it."""
+
+    __slots__ = ("answer", "error", "status", "with_session")
+
+    def __init__(self, with_session: bool) -> None:
+        self.with_session = with_session
+        self.status: int | None = None
+        self.answer = ""  # e.g. "HTTP 404 Not Found"
+        self.error: BaseException | None = None
+
+
+class _Trace:
+    """The POSTs of one call (or listing) of one session, seen by the HTTP transport:
+    whether the call can have run on the server. The transport runs in a copy of the
+    caller's context (the SDK passes it along with each message), so a context variable
+    carries the trace to it."""
+
+    def __init__(self) -> None:
+        self.posts: list[_Post] = []
+
+    def refused(self) -> str | None:
+        """The answer (e.g. "HTTP 404 Not Found") when the server refused every request
+        for the session: 404 (the spec's "no such session") or 400 (what servers
+        answered to an unknown session before the spec said 404). None otherwise."""
+        if self.posts and all(
+            p.with_session and p.status in (400, 404) and p.error is None for p in self.posts
+        ):
+            return self.posts[-1].answer
+        return None
+
+    def unsent(self) -> bool:
+        """Whether no request reached the server (it cannot have run)."""
+        return all(isinstance(p.error, _never_sent()) for p in self.posts)
+
+    def answered(self) -> bool:
+        """Whether the server began an answer (the connection was still up)."""
+        return any(p.status is not None for p in self.posts)
+
+    def problem(self) -> str:
+        errors = [p.error for p in self.posts if p.error is not None]
+        return _describe(errors[-1]) if errors else ""
+
+
+def _never_sent() -> tuple[type[BaseException], ...]:
+    """Network errors that happen before a request's first byte goes out."""
+    import httpx2
+
+    return (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
+
+
+def _call_failure(name: str, error: Any, trace: _Trace) -> str:
+    """The model's error message for a call the server answered with an error."""
+    from mcp.types import PARSE_ERROR
+
+    text = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+    if error.code == PARSE_ERROR:
+        return (
+            f"the MCP server's answer to the call to {name} could not be read ({text}); the "
+            "call may or may not have taken effect"
+        )
+    answers = [p.answer for p in trace.posts if p.status is not None and p.status >= 400]
+    if answers and answers[-1] and not answers[-1].startswith(("HTTP 400", "HTTP 404")):
+        return f"the MCP server answered the call to {name} with {answers[-1]}: {text}"
+    return f"the MCP server refused the call to {name}: {error}"
+
+
+_TRACE: contextvars.ContextVar[_Trace | None] = contextvars.ContextVar(
+    "criogen_mcp_trace", default=None
+)
 
 
 class _WatchedReadStream:

@@ -519,15 +519,43 @@ logger = package_logger("criogen_graph")
 
 
 def redact_messages(redactor: Redactor, messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Transcript messages with their content and tool-call arguments redacted."""
+    """Transcript messages with their content, reasoning and tool-call arguments
+    redacted. A signed thinking block whose text the policy changes loses its signature
+    (it no longer matches, and the provider would reject it): it is not sent back."""
     out = []
     for m in messages:
         m = dict(m)
         if isinstance(m.get("content"), str):
             m["content"] = redactor.redact(m["content"])
+        if isinstance(m.get("reasoning"), str):
+            m["reasoning"] = redactor.redact(m["reasoning"])
+        if isinstance(m.get("reasoning_blocks"), list):
+            m["reasoning_blocks"] = [_redacted_block(redactor, b) for b in m["reasoning_blocks"]]
+        if isinstance(m.get("reasoning_items"), list):
+            # OpenAI Responses reasoning items: the summary is readable text; the
+            # encrypted content is the provider's ciphertext and goes back as it came.
+            m["reasoning_items"] = [_redacted_item(redactor, r) for r in m["reasoning_items"]]
         if m.get("tool_calls"):
             m["tool_calls"] = [
                 {**c, "args": redactor.redact_value(c.get("args") or {})} for c in m["tool_calls"]
             ]
         out.append(m)
     return out
+
+
+def _redacted_block(redactor: Redactor, block: Any) -> Any:
+    if not isinstance(block, dict) or not isinstance(block.get("thinking"), str):
+        return block
+    clean = redactor.redact(block["thinking"])
+    if clean == block["thinking"]:
+        return block
+    out = {**block, "thinking": clean}
+    out.pop("signature", None)
+    return out
+
+
+def _redacted_item(redactor: Redactor, item: Any) -> Any:
+    if not isinstance(item, dict) or not isinstance(item.get("summary"), list):
+        return item
+    summary = [redactor.redact(x) if isinstance(x, str) else x for x in item["summary"]]
+    return {**item, "summary": summary}

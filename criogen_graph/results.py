@@ -183,6 +183,8 @@ class RunResult(Generic[Output]):
     waits for approval); `output` the parsed answer with the agent's `output` option,
     else the final text. `messages` is the whole transcript (plain dicts). `stop_reason`
     is `"final_answer"`, `"output"`, `"return_direct"`, `"content_filter"`,
+    `"max_tokens"` (the answer was cut off by the model's output-token cap: its text is
+    kept in `messages`, its tool calls are not run; beyond the original API),
     `"hook_end"` or `"limit"`, and `None` while the run waits for approval
     (`needs_approval`, `approvals`). `answered_by` is the `{"provider", "model"}` that
     wrote the last answer; `models` each model called, in first-use order.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import sys
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -216,6 +217,7 @@ class Storage:
         """A backend just opened: its key checked, the shared transcript cache in."""
         await self._check_key(backend)
         backend.saver.transcripts = self._transcripts  # type: ignore[attr-defined]
+        backend.saver.audit_writer = backend.write_audit  # type: ignore[attr-defined]
 
     async def _check_key(self, backend: Backend) -> None:
         """The storage's encryption claim: recorded by the first opener ever, in the same
@@ -274,6 +276,11 @@ class Storage:
         unwinding = self._unwinding()
         if unwinding:
             await asyncio.wait(unwinding, timeout=self.busy_timeout_secs)
+        background = sys.modules.get("criogen_graph.background")
+        if background is not None:
+            # The background-run queue's connections, if runs were submitted or listed
+            # here (the module loads only then).
+            await background.close_runs(self)
         if self._shared is None:
             await self._loops.close()
 

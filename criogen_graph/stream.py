@@ -19,6 +19,7 @@ __all__ = [
     "ApprovalNeededEvent",
     "MessageEvent",
     "OtherEvent",
+    "ReasoningEvent",
     "Stream",
     "StreamEvent",
     "TextEvent",
@@ -36,6 +37,18 @@ class TextEvent:
     message_id: str
     text: str
     type: Literal["text"] = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningEvent:
+    """A piece of the model's reasoning (thinking) text as the model writes it, for
+    models that show it (Anthropic extended thinking, Gemini thought summaries, DeepSeek
+    and other `reasoning_content` servers). Redacted like the answer; the whole text is
+    the assistant message's `reasoning`. Not part of the answer."""
+
+    message_id: str
+    text: str
+    type: Literal["reasoning"] = "reasoning"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +100,7 @@ class OtherEvent:
 
 StreamEvent = (
     TextEvent
+    | ReasoningEvent
     | ToolCallStartedEvent
     | ToolCallFinishedEvent
     | MessageEvent
@@ -100,6 +114,8 @@ def to_event(payload: dict[str, Any]) -> StreamEvent | None:
     kind = payload.get("type")
     if kind == "text":
         return TextEvent(payload["message_id"], payload["text"])
+    if kind == "reasoning":
+        return ReasoningEvent(payload["message_id"], payload["text"])
     if kind == "message":
         return MessageEvent(payload["message"])
     if kind == "tool_call_started":

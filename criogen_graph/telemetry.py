@@ -1,18 +1,17 @@
-"""`Telemetry`: OpenTelemetry spans for runs, model calls and tool calls, exported over
-OTLP/HTTP (extra `otel`). Spans follow the OpenTelemetry GenAI semantic conventions."""
+"""`Telemetry`: OpenTelemetry spans for runs, model calls and tool calls, made through the
+OpenTelemetry API (extra `otel`) with the application's tracer provider, or with one that
+exports over OTLP/HTTP (`Telemetry.otlp`, `Telemetry.langfuse`). Spans follow the
+OpenTelemetry GenAI semantic conventions."""
 
 from __future__ import annotations
 
 import base64
 import json
 import os
-import random
-import time
 from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from criogen_graph._otlp import KIND_CLIENT, KIND_INTERNAL, STATUS_ERROR, Finished
 from criogen_graph.errors import ValidationError
 from criogen_graph.redact import CURRENT
 
@@ -22,43 +21,54 @@ if TYPE_CHECKING:
 __all__ = ["Telemetry"]
 
 LANGFUSE_HOST = "https://cloud.langfuse.com"
+_MISSING = "telemetry needs OpenTelemetry: pip install 'criogen-graph[otel]'"
 
 
 class Telemetry:
-    """Exports every run of an agent as OpenTelemetry spans over OTLP/HTTP.
+    """Reports every run of an agent as OpenTelemetry spans, through the OpenTelemetry API.
 
-    Build it with `Telemetry.otlp(url)` (any OTLP/HTTP collector; `url` is its base, e.g.
-    `http://localhost:4318`, or the full `.../v1/traces`) or `Telemetry.langfuse()`, and
-    pass it as `Agent(telemetry=...)`. Spans: `invoke_agent <agent>` per run segment
-    (thread, run id, actor, action, outcome), `chat <model>` per model call (GenAI
-    attributes: operation, provider, request/response model, token usage, finish
-    reasons; retries and fallbacks as events), `execute_tool <tool>` per tool call (name,
-    call id, status); approval requests and decisions are events of the run span, and an
-    agent used as a tool nests its spans under the calling tool's span. Message content
-    (prompts, answers, tool arguments and results) is exported only with `content=True`.
-    The agent's `Redactor` applies to every exported string. Spans go out in batches from
-    a background thread; `flush()` waits for them, `shutdown()` stops the exporter.
+    `Telemetry()` uses the application's global tracer provider (whatever it set up with
+    `trace.set_tracer_provider`: its processors, exporters and sampler, even when set
+    after the agent was made); `Telemetry(provider)` uses that provider. The run's span is
+    a child of the span current when `send`/`run`/`stream` is called (a web request, a
+    job), and an unsampled trace records nothing. `Telemetry.otlp(url)` and
+    `Telemetry.langfuse()` are conveniences that make a provider of their own exporting
+    over OTLP/HTTP. Pass it as `Agent(telemetry=...)`.
+
+    Spans: `invoke_agent <agent>` per run segment (conversation id = thread id, run id,
+    actor, action, outcome, token usage), `chat <model>` per model call (operation,
+    provider, request/response model, token usage, finish reasons; retries and fallbacks
+    as events), `execute_tool <tool>` per tool call (name, call id, status); approval
+    requests and decisions are events of the run span; errors set the span's status and
+    `error.type`. Message content (prompts, answers, tool arguments and results) is
+    recorded only with `content=True`, and the agent's `Redactor` applies to every
+    recorded string. Needs the `otel` extra: `pip install 'criogen-graph[otel]'`.
     """
 
-    def __init__(
-        self,
-        endpoint: str,
-        headers: Mapping[str, str] | None = None,
-        *,
-        content: bool = False,
-        service_name: str = "criogen-graph",
-        timeout_secs: float = 10,
-    ) -> None:
-        if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
-            raise ValidationError(
-                f"the OTLP endpoint must be an http(s) URL, got {endpoint!r}", code="invalid_value"
+    def __init__(self, tracer_provider: Any = None, *, content: bool = False) -> None:
+        if isinstance(tracer_provider, str):
+            raise TypeError(
+                "Telemetry(...) takes a TracerProvider; to export to a URL use "
+                f"Telemetry.otlp({tracer_provider!r})"
             )
-        self.endpoint = endpoint
-        self.headers = dict(headers or {})
+        try:
+            from opentelemetry import trace
+        except ImportError as exc:
+            raise ValidationError(_MISSING, code="missing_dependency") from exc
+        from criogen_graph import __version__
+
+        self.tracer_provider = tracer_provider
         self.content = bool(content)
-        self.service_name = service_name
-        self.timeout_secs = timeout_secs
-        self._export: _Export | None = None
+        #: The OTLP/HTTP endpoint of a provider made by `otlp`/`langfuse` (else None).
+        self.endpoint: str | None = None
+        self.headers: dict[str, str] = {}
+        self._owned: Any = None
+        # With no provider, a proxy tracer: it follows the global provider, set now or later.
+        self.tracer: Any = (
+            trace.get_tracer("criogen_graph", __version__)
+            if tracer_provider is None
+            else tracer_provider.get_tracer("criogen_graph", __version__)
+        )
 
     @classmethod
     def otlp(
@@ -68,12 +78,25 @@ class Telemetry:
         *,
         content: bool = False,
         service_name: str = "criogen-graph",
+        timeout_secs: float = 10,
     ) -> Telemetry:
-        """Export to an OTLP/HTTP collector at `url` (its base, or the full traces URL)."""
+        """Export to an OTLP/HTTP collector at `url` (its base, e.g.
+        `http://localhost:4318`, or the full `.../v1/traces`), with a tracer provider of
+        its own (a batch processor; the sampler from `OTEL_TRACES_SAMPLER`, parent-based
+        by default). The run's span is still a child of the application's current span."""
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValidationError(
+                f"the OTLP endpoint must be an http(s) URL, got {url!r}", code="invalid_value"
+            )
         endpoint = url.rstrip("/")
         if not endpoint.endswith("/v1/traces"):
             endpoint += "/v1/traces"
-        return cls(endpoint, headers, content=content, service_name=service_name)
+        provider = _otlp_provider(endpoint, dict(headers or {}), service_name, timeout_secs)
+        telemetry = cls(provider, content=content)
+        telemetry.endpoint = endpoint
+        telemetry.headers = dict(headers or {})
+        telemetry._owned = provider
+        return telemetry
 
     @classmethod
     def langfuse(
@@ -105,36 +128,72 @@ class Telemetry:
             )
         host = (host or os.environ.get("LANGFUSE_HOST") or LANGFUSE_HOST).rstrip("/")
         token = base64.b64encode(f"{public_key}:{secret_key}".encode()).decode()
-        return cls(
+        return cls.otlp(
             f"{host}/api/public/otel/v1/traces",
             {"authorization": f"Basic {token}"},
             content=content,
             service_name=service_name,
         )
 
-    # -- the SDK, loaded on first use ----------------------------------------------------
+    def _provider(self) -> Any:
+        if self.tracer_provider is not None:
+            return self.tracer_provider
+        from opentelemetry import trace
 
-    @property
-    def exporter(self) -> _Export:
-        """The batch processor and OTLP exporter (made on first use)."""
-        if self._export is None:
-            self._export = _Export(self)
-        return self._export
+        return trace.get_tracer_provider()
 
     def flush(self, timeout_secs: float = 30) -> bool:
-        """Export the spans ended so far; True when all went out in time."""
-        if self._export is None:
+        """Export the spans ended so far (the provider's `force_flush`); True when all
+        went out in time."""
+        force_flush = getattr(self._provider(), "force_flush", None)
+        if force_flush is None:  # the API's no-op provider: nothing to send
             return True
-        return bool(self._export.processor.force_flush(int(timeout_secs * 1000)))
+        return bool(force_flush(int(timeout_secs * 1000)))
 
     def shutdown(self) -> None:
-        """Export what is left and stop the exporter."""
-        if self._export is not None:
-            self._export.processor.shutdown()  # type: ignore[no-untyped-call]
-            self._export = None
+        """Export what is left and stop the provider made by `otlp`/`langfuse` (an
+        application's own provider is left to the application)."""
+        if self._owned is not None:
+            self._owned.shutdown()
+            self._owned = None
 
     def __repr__(self) -> str:
-        return f"Telemetry({self.endpoint!r}, content={self.content})"
+        where = self.endpoint or ("global provider" if self.tracer_provider is None else "provider")
+        return f"Telemetry({where!r}, content={self.content})"
+
+
+def _otlp_provider(
+    endpoint: str, headers: dict[str, str], service_name: str, timeout_secs: float
+) -> Any:
+    """A tracer provider of the OpenTelemetry API (`_otlp.light_provider`: light spans,
+    the SDK's sampler and batch processor) feeding our OTLP/HTTP exporter (`_otlp`: its
+    own protobuf encoder, httpx, retries). The SDK's spans and encoder, which validate,
+    lock and build a protobuf object per attribute, cost more than the rest of a traced
+    turn."""
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.sampling import _get_from_env_or_default
+    except ImportError as exc:
+        raise ValidationError(_MISSING, code="missing_dependency") from exc
+    from criogen_graph import __version__
+    from criogen_graph._otlp import Encoder, OtlpHttpExporter, light_provider
+
+    # Resource.create adds the SDK's telemetry.sdk.* attributes and OTEL_RESOURCE_ATTRIBUTES.
+    resource = Resource.create({"service.name": service_name})
+    exporter = OtlpHttpExporter(
+        endpoint,
+        headers,
+        timeout_secs,
+        Encoder(resource.attributes, "criogen_graph", __version__, resource.schema_url),
+    )
+    processor = BatchSpanProcessor(
+        exporter,  # type: ignore[arg-type]  # the SpanExporter protocol, not the class
+        schedule_delay_millis=500,
+        max_queue_size=16384,
+    )
+    # The sampler the SDK would use: OTEL_TRACES_SAMPLER, parent-based always-on by default.
+    return light_provider(processor, _get_from_env_or_default())
 
 
 #: The spans of the run in progress; an agent run as a tool of another without telemetry
@@ -142,100 +201,55 @@ class Telemetry:
 SPANS: ContextVar[Spans | None] = ContextVar("criogen_spans", default=None)
 
 
-class _Export:
-    """The OpenTelemetry SDK's `BatchSpanProcessor` (batching, the background thread,
-    flush, shutdown) feeding our OTLP/HTTP exporter (`_otlp`: its own protobuf encoder,
-    httpx, retries).
-
-    Spans are recorded as plain objects (`_Live`) and queued as they are when they end:
-    the SDK's own live spans clean and lock every attribute on every call, and its
-    encoder builds a protobuf object per attribute, which together cost more than a whole
-    agent turn's bookkeeping."""
-
-    def __init__(self, telemetry: Telemetry) -> None:
-        try:
-            from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise ValidationError(
-                "telemetry needs OpenTelemetry: pip install 'criogen-graph[otel]'",
-                code="missing_dependency",
-            ) from exc
-        from criogen_graph import __version__
-        from criogen_graph._otlp import Encoder, OtlpHttpExporter
-
-        # Resource.create adds the SDK's telemetry.sdk.* attributes and OTEL_RESOURCE_ATTRIBUTES.
-        resource = Resource.create({"service.name": telemetry.service_name})
-        self.exporter = OtlpHttpExporter(
-            telemetry.endpoint,
-            telemetry.headers,
-            telemetry.timeout_secs,
-            Encoder(resource.attributes, "criogen_graph", __version__, resource.schema_url),
-        )
-        self.processor = BatchSpanProcessor(
-            self.exporter,  # type: ignore[arg-type]  # the SpanExporter protocol, not the class
-            schedule_delay_millis=500,
-            max_queue_size=16384,
-        )
-
-
 class _Otel:
-    """The OpenTelemetry API functions a span needs, imported once (the extra is optional)."""
+    """The OpenTelemetry API a span needs, imported once (the extra is optional)."""
 
-    __slots__ = (
-        "SpanContext",
-        "attach",
-        "detach",
-        "get_current_span",
-        "sampled",
-        "set_span",
-        "wrap",
-    )
+    __slots__ = ("attach", "client", "detach", "error", "internal", "set_span")
 
     def __init__(self) -> None:
         from opentelemetry import context, trace
-        from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+        from opentelemetry.trace import SpanKind, Status, StatusCode
 
-        self.SpanContext = SpanContext
-        self.get_current_span = trace.get_current_span
-        self.set_span = trace.set_span_in_context
-        self.wrap = NonRecordingSpan
         self.attach = context.attach
         self.detach = context.detach
-        self.sampled = TraceFlags(TraceFlags.SAMPLED)
+        self.set_span = trace.set_span_in_context
+        self.client = SpanKind.CLIENT
+        self.internal = SpanKind.INTERNAL
+        self.error: Any = lambda message: Status(StatusCode.ERROR, message)
 
 
 _OTEL: _Otel | None = None
 
 
-class _Live(Finished):
-    """A span being recorded: `with spans.span(...) as live:` makes it the current span
-    for the code it wraps, and queues it for export when that code ends."""
+class _Live:
+    """An OpenTelemetry span in a `with`: current for the code it wraps (so spans of
+    instrumented libraries called by tools nest under it), ended when that code ends."""
 
-    __slots__ = ("_processor", "_spans", "_token")
+    __slots__ = ("_token", "recording", "span", "spans")
 
-    _processor: Any
-    _spans: Spans
-    _token: Any
+    def __init__(self, spans: Spans, span: Any) -> None:
+        self.spans = spans
+        self.span = span
+        # An unsampled span records nothing: skip the cleaning and redaction too.
+        self.recording: bool = span.is_recording()
 
     def __enter__(self) -> _Live:
         otel = _OTEL
         assert otel is not None
-        self._token = otel.attach(otel.set_span(otel.wrap(self.context)))
+        self._token = otel.attach(otel.set_span(self.span))
         return self
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         otel = _OTEL
         assert otel is not None
         otel.detach(self._token)
-        if exc is not None:
+        if exc is not None and self.recording:
             from langgraph.errors import GraphBubbleUp
 
             if not isinstance(exc, GraphBubbleUp):  # a stop for approval is not an error
-                self.attributes["error.type"] = type(exc).__name__
-                self.status = (STATUS_ERROR, self._spans.text(str(exc))[:500])
-        self.end = time.time_ns()
-        self._processor.on_end(self)
+                self.span.set_attribute("error.type", type(exc).__name__)
+                self.span.set_status(otel.error(self.spans.text(str(exc))[:500]))
+        self.span.end()
 
 
 class Spans:
@@ -277,35 +291,32 @@ class Spans:
         return redactor.redact(text) if redactor is not None else text
 
     def span(self, name: str, attributes: Mapping[str, Any], *, kind: str = "internal") -> _Live:
-        """A span named `name`, to be entered with `with`. Its parent is whatever span is
-        current: ours (a run, a tool call) or the application's own (a web request); it is
-        made current for the code it wraps, so spans of instrumented libraries called by
-        tools nest under it."""
+        """A span named `name`, to be entered with `with`, made by the telemetry's tracer.
+        Its parent is whatever span is current: ours (a run, a tool call) or the
+        application's own (a web request)."""
         global _OTEL
         otel = _OTEL
         if otel is None:
             otel = _OTEL = _Otel()
-        processor = self.telemetry.exporter.processor
-        current = otel.get_current_span().get_span_context()
-        if current.is_valid:
-            parent, trace_id, flags = current, current.trace_id, current.trace_flags
-        else:
-            parent, trace_id, flags = None, random.getrandbits(128), otel.sampled
-        live = _Live()
-        live.context = otel.SpanContext(trace_id, random.getrandbits(64), False, flags)
-        live.parent = parent
-        live.name = name
-        live.kind = KIND_CLIENT if kind == "client" else KIND_INTERNAL
-        live.attributes = self.clean(attributes)
-        live.events = []
-        live.status = None
-        live._spans = self
-        live._processor = processor
-        live.start = time.time_ns()
-        return live
+        span = self.telemetry.tracer.start_span(
+            name,
+            kind=otel.client if kind == "client" else otel.internal,
+            attributes=self.clean(attributes),
+        )
+        return _Live(self, span)
 
     def event(self, span: _Live, name: str, attributes: Mapping[str, Any]) -> None:
-        span.events.append((name, time.time_ns(), self.clean(attributes)))
+        if span.recording:
+            span.span.add_event(name, self.clean(attributes))
 
     def set(self, span: _Live, attributes: Mapping[str, Any]) -> None:
-        span.attributes.update(self.clean(attributes))
+        if span.recording:
+            span.span.set_attributes(self.clean(attributes))
+
+    def fail(self, span: _Live, error_type: str, message: Any) -> None:
+        """Mark `span` as failed (a tool call that returned an error, not raised one)."""
+        if span.recording:
+            otel = _OTEL
+            assert otel is not None
+            span.span.set_attribute("error.type", error_type)
+            span.span.set_status(otel.error(self.text(message)[:500]))

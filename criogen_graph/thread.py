@@ -20,7 +20,7 @@ from criogen_graph.errors import (
     ThreadSuspendedError,
     ValidationError,
 )
-from criogen_graph.nodes.approval import APPROVAL_INTERRUPT, check_decisions
+from criogen_graph.nodes.approval import APPROVAL_INTERRUPT, check_decisions, decision_details
 from criogen_graph.nodes.model import API_RUN, STREAM_SINK
 from criogen_graph.nodes.state import new_run, not_run_messages
 from criogen_graph.redact import CURRENT, effective
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from langgraph.checkpoint.base import CheckpointTuple
 
     from criogen_graph.agent import Agent
+    from criogen_graph.background import RunHandle
 
 __all__ = ["Thread"]
 
@@ -312,6 +313,57 @@ class Thread(Generic[Output]):
 
         return await self._segment("retry", prepare, resume=True, stream=stream)
 
+    # -- background runs ---------------------------------------------------------------------
+
+    async def submit(
+        self, input: str, *, state: Mapping[str, Any] | None = None
+    ) -> RunHandle[Output]:
+        """`send` as a background run: queued at once, run by a worker (`criogen-graph
+        worker` on PostgreSQL; a task of this process on memory:// and SQLite). Returns a
+        `RunHandle` (`id`, `status()`, `reply()`, `cancel()`). The runs submitted to one
+        thread run one at a time, in order."""
+        from criogen_graph.background import submit
+
+        return await submit(self, "send", input=input, state=state)
+
+    async def submit_approve(self, *, expected: Expected | None = None) -> RunHandle[Output]:
+        """`approve` as a background run; a bare call pins what waits now."""
+        from criogen_graph.background import submit
+
+        return await submit(self, "approve", expected=expected)
+
+    async def submit_reject(
+        self, message: str = "rejected", *, expected: Expected | None = None
+    ) -> RunHandle[Output]:
+        """`reject` as a background run."""
+        from criogen_graph.background import submit
+
+        return await submit(self, "reject", message=message, expected=expected)
+
+    async def submit_decide(
+        self,
+        decisions: Mapping[str, Decision | Mapping[str, Any] | str],
+        *,
+        expected: Expected | None = None,
+    ) -> RunHandle[Output]:
+        """`decide` as a background run."""
+        from criogen_graph.background import submit
+
+        return await submit(self, "decide", decisions=decisions, expected=expected)
+
+    async def submit_retry(self) -> RunHandle[Output]:
+        """`retry` as a background run."""
+        from criogen_graph.background import submit
+
+        return await submit(self, "retry")
+
+    def run(self, run_id: str) -> RunHandle[Output]:
+        """A handle on a background run submitted earlier (by any process sharing the
+        storage), from its id."""
+        from criogen_graph.background import handle
+
+        return handle(self, run_id)
+
     # -- reading ---------------------------------------------------------------------------
 
     async def messages(self) -> list[dict[str, Any]]:
@@ -549,21 +601,7 @@ class Thread(Generic[Output]):
             asker = self.agent._spec_named(self._asking_agent(snap))
             decisions = check_decisions(make(requests), requests, asker)
             run_id = head.run.get("run_id") or uuid.uuid4().hex
-            by_id = {r["call_id"]: r for r in requests}
-            details = {
-                "decisions": [
-                    {
-                        "call_id": cid,
-                        "tool": by_id[cid]["tool"],
-                        "args": by_id[cid]["args"],
-                        "decision": d,
-                        "approved_args_sha256": _fingerprint(d.get("args", by_id[cid]["args"]))
-                        if d["type"] in ("approve", "edit")
-                        else None,
-                    }
-                    for cid, d in decisions.items()
-                ]
-            }
+            details = {"decisions": decision_details(requests, decisions)}
             return Command(resume={interrupt_id: decisions}), run_id, details
 
         return await self._segment(action, prepare, resume=True, stream=stream)
@@ -605,18 +643,15 @@ class Thread(Generic[Output]):
         store = await storage.get_store() if agent._spec.memory is not None else None
         graph = agent._thread_graph(storage, store)
         cfg: RunnableConfig = {"configurable": {"thread_id": self.id}}
-        hooks = agent._spec.hooks
         async with storage._hold(self.id):
             tup = await storage.checkpointer.aget_tuple(cfg)
             head = _Head(tup)
             inp, run_id, details = await prepare(head, graph, cfg)
-            seg = Segment(self.id, run_id, self.actor, head=tup, head_cached=not hooks.on_start)
+            seg = Segment(self.id, run_id, self.actor, head=tup, head_cached=True)
             redactor = CURRENT.get()
             audited = redactor.redact_value(details) if redactor is not None else details
             seg.audit.append(record(action, self.id, run_id=run_id, actor=self.actor, **audited))
-            state = run_state if run_state is not None else dict(head.state)
             values: dict[str, Any] | None = None
-            hook_states = dict(head.run.get("hooks") or {})
             token = SEGMENT.set(seg)
             try:
                 with observe(
@@ -624,13 +659,6 @@ class Thread(Generic[Output]):
                 ) as observed:
                     if "decisions" in details:
                         observed.decided(details["decisions"])
-                    if hooks.on_start:
-                        snap_msgs = (await self.messages()) if head.exists else []
-                        new_states = await agent._on_start(
-                            run_id, [*snap_msgs, *(new_messages or [])], state, hook_states
-                        )
-                        if new_states != hook_states:
-                            inp = _with_hook_states(inp, new_states)
                     config: RunnableConfig = {
                         "configurable": {"thread_id": self.id},
                         "metadata": {
@@ -677,41 +705,21 @@ class Thread(Generic[Output]):
                         self.id,
                         save_exc,
                     )
-                await self._failed(backend, seg, exc, run_id, values, new_messages or [], state)
+                await self._failed(backend, seg, exc)
                 raise
             finally:
                 SEGMENT.reset(token)
             if seg.audit:
                 await uncancelled(backend.write_audit(seg.audit))
-        if hooks.on_end:
-            outcome = (
-                "failed"
-                if result.stop_reason == "limit"
-                else "suspended"
-                if result.needs_approval
-                else "completed"
-            )
-            await agent._on_end(run_id, values, new_messages or [], state, outcome)
         agent._raise_for_limit(result)
         return result
 
-    async def _failed(
-        self,
-        backend: Any,
-        seg: Segment,
-        exc: BaseException,
-        run_id: str,
-        values: dict[str, Any] | None,
-        new_messages: list[dict[str, Any]],
-        state: dict[str, Any],
-    ) -> None:
-        """Record a run that failed or was cancelled and run `on_end` (the caller re-raises
-        the error: a cancellation stays the caller's own `asyncio.CancelledError`, so
-        `asyncio.timeout`, `wait_for` and `TaskGroup` see the cancellation they made)."""
+    async def _failed(self, backend: Any, seg: Segment, exc: BaseException) -> None:
+        """Record a run that failed or was cancelled (`on_end` ran in the graph). The caller
+        re-raises the error: a cancellation stays the caller's own `asyncio.CancelledError`,
+        so `asyncio.timeout`, `wait_for` and `TaskGroup` see the cancellation they made."""
         cancelled = isinstance(exc, asyncio.CancelledError)
         await self._after_failure(backend, seg, "run_cancelled" if cancelled else "run_failed", exc)
-        if self.agent._spec.hooks.on_end:
-            await uncancelled(self.agent._on_end(run_id, values, new_messages, state, "failed"))
 
     async def _invoke(
         self, graph: Any, inp: Any, config: RunnableConfig, stream: Stream[Output] | None
@@ -782,25 +790,6 @@ class Thread(Generic[Output]):
         if seg.last_config is None:
             return head.id or ""
         return str(seg.last_config["configurable"]["checkpoint_id"])
-
-
-def _with_hook_states(inp: Any, states: dict[str, Any]) -> Any:
-    """The segment's input, carrying the hook states `on_start` saved."""
-    if isinstance(inp, dict):
-        inp["run"]["hooks"] = states
-        return inp
-    if isinstance(inp, Command):
-        return Command(resume=inp.resume, update={"run": {"hooks": states}})
-    return Command(update={"run": {"hooks": states}})
-
-
-def _fingerprint(args: Any) -> str:
-    import hashlib
-    import json
-
-    return hashlib.sha256(
-        json.dumps(args, sort_keys=True, separators=(",", ":"), default=str).encode("utf-8")
-    ).hexdigest()
 
 
 def _error_type(error: Any) -> str:

@@ -31,7 +31,7 @@ class ToolContext:
 
     Annotate a parameter with `ToolContext` to receive it; that parameter is not part of
     the tool's input schema. `thread_id` is `None` for `agent.run`. `state` is the run
-    state (read-only).
+    state (read-only). `idempotency_key` is the same for every attempt of this call.
     """
 
     run_id: str
@@ -39,6 +39,18 @@ class ToolContext:
     tool: str
     thread_id: str | None = None
     state: Mapping[str, Any] = field(default_factory=lambda: _EMPTY_STATE)
+
+    @property
+    def idempotency_key(self) -> str:
+        """The same for every attempt of this call: a `retry()`, or a background worker
+        continuing the run of one that died while this call ran (which runs it again).
+        Pass it to the service the tool calls so that a call made twice acts once. A hash
+        of the thread id (the run id for `agent.run`) and the call id, unique in the
+        storage since call ids are unique in their thread."""
+        import hashlib
+
+        scope = self.thread_id if self.thread_id is not None else f"run:{self.run_id}"
+        return hashlib.sha256(f"{scope}\x00{self.call_id}".encode()).hexdigest()[:32]
 
 
 class ToolArgumentsError(Exception):

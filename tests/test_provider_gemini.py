@@ -24,6 +24,7 @@ from criogen_graph import (
     tool,
 )
 from tests.servers import gemini_server as gs
+from tests.typed_bodies import assert_gemini_request
 
 NO_WAIT = Retry(initial_backoff_secs=0, jitter=False)
 KEY = "test-key-0123456789"
@@ -33,6 +34,10 @@ KEY = "test-key-0123456789"
 def server() -> Iterator[gs.GeminiServer]:
     with gs.GeminiServer() as srv:
         yield srv
+    # Every body the adapter sent fits the official SDK's typed request models.
+    for request in srv.requests:
+        if isinstance(request.body, dict) and request.body.get("contents"):
+            assert_gemini_request(request.body)
 
 
 def model(server: gs.GeminiServer, **kw: Any) -> GeminiModel:

@@ -410,3 +410,16 @@ def test_redaction_of_log_records_only_applies_during_a_run(
     logging.getLogger("criogen_graph").info("outside any run: %s", EMAIL)
     assert EMAIL in caplog.text  # no policy is in force outside a run
     assert re.search(r"outside any run", caplog.text)
+
+
+def test_reasoning_summaries_are_redacted_and_encrypted_reasoning_goes_back_as_it_came() -> None:
+    from criogen_graph.redact import redact_messages
+
+    item = {"id": "rs_1", "summary": ["user is ada@example.com"], "encrypted_content": "gAAA=="}
+    (out,) = redact_messages(
+        Redactor.pii(), [{"role": "assistant", "content": "", "reasoning_items": [item]}]
+    )
+    assert out["reasoning_items"] == [
+        {"id": "rs_1", "summary": ["user is [EMAIL]"], "encrypted_content": "gAAA=="}
+    ]
+    assert item["summary"] == ["user is ada@example.com"]  # the caller's copy untouched

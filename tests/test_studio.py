@@ -18,6 +18,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,13 +94,22 @@ def dev_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
     db = project / "docs.db"
     asyncio.run(_seed_docs(db))
 
+    with serve_project(project, CRIOGEN_STUDIO_DOCS_DB=str(db)) as server:
+        yield server
+
+
+@contextmanager
+def serve_project(project: Path, **extra_env: str) -> Iterator[DevServer]:
+    """`langgraph dev` serving `project` (its `langgraph.json`) on a free loopback port,
+    offline (no example model from the environment, no analytics, no tracing), until
+    the block ends; then stopped by its process group."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "CRIOGEN_EXAMPLE_MODEL"}
     env.update(
         LANGGRAPH_CLI_NO_ANALYTICS="1",
         LANGSMITH_TRACING="false",
-        CRIOGEN_STUDIO_DOCS_DB=str(db),
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+        **extra_env,
     )
     log = project / "dev.log"
     with log.open("wb") as out:

@@ -369,7 +369,7 @@ def test_our_encoding_is_the_message_the_sdk_encoder_would_send() -> None:
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-    from criogen_graph._otlp import Encoder, Finished
+    from criogen_graph._otlp import Encoder
 
     resource = Resource.create({"service.name": "svc", "deployment.environment": "test"})
     sampled = TraceFlags(TraceFlags.SAMPLED)
@@ -393,35 +393,28 @@ def test_our_encoding_is_the_message_the_sdk_encoder_would_send() -> None:
         {"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 7},  # cached values
         {},
     ]
-    ours: list[Finished] = []
     sdk: list[ReadableSpan] = []
     for i, (attrs, parent) in enumerate(zip(attributes, [None, root, remote], strict=True)):
         context = SpanContext(root.trace_id, 1000 + i, False, sampled)
         events = [("gen_ai.retry", 1_700_000_000_000_000_001 + i, {"attempt": 2, "why": "429"})]
-        status = (2, "boom: ✗") if i == 1 else None
-        span = Finished()
-        span.context, span.parent, span.name, span.kind = context, parent, f"span {i}", 1 + 2 * i
-        span.start, span.end = 1_700_000_000_000_000_000 + i, 1_700_000_000_500_000_000 + i
-        span.attributes, span.events, span.status = attrs, events, status
-        ours.append(span)
         sdk.append(
             ReadableSpan(
-                span.name,
+                f"span {i}",
                 context=context,
                 parent=parent,
                 resource=resource,
                 attributes=attrs,
                 events=[Event(n, a, t) for n, t, a in events],
                 kind=[SpanKind.INTERNAL, SpanKind.CLIENT, SpanKind.CONSUMER][i],
-                status=Status(StatusCode.ERROR, "boom: ✗") if status else Status(StatusCode.UNSET),
-                start_time=span.start,
-                end_time=span.end,
+                status=Status(StatusCode.ERROR, "boom: ✗") if i == 1 else Status(StatusCode.UNSET),
+                start_time=1_700_000_000_000_000_000 + i,
+                end_time=1_700_000_000_500_000_000 + i,
                 instrumentation_scope=InstrumentationScope("criogen_graph", "1.2.3"),
             )
         )
     encoder = Encoder(resource.attributes, "criogen_graph", "1.2.3", resource.schema_url)
     for _ in range(2):  # the second time from the cache
-        mine = ExportTraceServiceRequest.FromString(encoder.request(ours))
+        mine = ExportTraceServiceRequest.FromString(encoder.request(sdk))
         assert mine == encode_spans(sdk)
     assert len(mine.resource_spans[0].scope_spans[0].spans) == 3
 
@@ -461,7 +454,7 @@ async def test_an_unreachable_collector_costs_the_run_nothing(
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    telemetry = Telemetry(f"http://127.0.0.1:{port}/v1/traces", timeout_secs=0.5)
+    telemetry = Telemetry.otlp(f"http://127.0.0.1:{port}", timeout_secs=0.5)
     try:
         agent = Agent(FakeModel([FakeReply.text("hi")]), telemetry=telemetry)
         with caplog.at_level("ERROR", logger="criogen_graph.telemetry"):
@@ -508,3 +501,33 @@ async def test_a_forked_worker_exports_its_spans_on_a_connection_of_its_own(
     assert len({s.trace_id for s in runs}) == 3
     parent, forked, _ = rx.peers
     assert forked != parent, "the child posted on the parent's connection"
+
+
+async def test_an_unsampled_request_and_a_sampler_saying_no_export_nothing(
+    rx: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry import context, trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    telemetry = otlp(rx)
+    agent = Agent(
+        FakeModel([FakeReply.tool_call("lookup", {"order_id": "A-1"}), FakeReply.text("ok")]),
+        tools=[lookup],
+        telemetry=telemetry,
+    )
+    unsampled = NonRecordingSpan(SpanContext(2**100 + 3, 2**60 + 3, True, TraceFlags(0)))
+    token = context.attach(trace.set_span_in_context(unsampled))
+    try:
+        assert (await agent.run("hello")).text == "ok"
+    finally:
+        context.detach(token)
+    assert exported(telemetry, rx) == []
+
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    quiet = otlp(rx)
+    agent = Agent(FakeModel([FakeReply.text("hi")]), telemetry=quiet)
+    assert (await agent.run("hello")).text == "hi"
+    assert exported(quiet, rx) == []
+    # With no parent and the default sampler, everything is exported.
+    await Agent(FakeModel([FakeReply.text("hi")]), telemetry=telemetry).run("hello")
+    assert [s.name for s in exported(telemetry, rx)] == ["chat fake", "invoke_agent agent"]

@@ -61,3 +61,24 @@ def assert_request(body: Mapping[str, Any], typed_dict: Any) -> None:
     pydantic.TypeAdapter(typed_dict).validate_python(body)
     problems = _problems(body, typed_dict, "body")
     assert not problems, problems
+
+
+def assert_gemini_request(body: Mapping[str, Any]) -> None:
+    """Check a Gemini `generateContent` JSON body against the google-genai SDK's typed
+    models (pydantic, camelCase aliases, unknown keys rejected at every depth)."""
+    from google.genai import types
+
+    fields: dict[str, Any] = {
+        "contents": list[types.Content],
+        "tools": list[types.Tool],
+        "systemInstruction": types.Content,
+        "generationConfig": types.GenerationConfig,
+        "safetySettings": list[types.SafetySetting],
+        "toolConfig": types.ToolConfig,
+        "cachedContent": str,
+    }
+    unknown = sorted(set(body) - set(fields))
+    assert not unknown, f"body: unknown keys {unknown}"
+    assert body.get("contents"), "body: contents must not be empty"
+    for key, value in body.items():
+        pydantic.TypeAdapter(fields[key]).validate_python(value)

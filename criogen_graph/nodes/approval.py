@@ -3,13 +3,18 @@ goes to `tools` with its decision, so results come back in call order in one sup
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
+from langgraph.errors import GraphInterrupt
 from langgraph.types import Command, Send, interrupt
 
 from criogen_graph._observe import run_redactor
 from criogen_graph.errors import ValidationError
+from criogen_graph.nodes.segment import segment_of
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.redact import Redactor, effective
 from criogen_graph.results import DECISION_TYPES, Decision
@@ -109,11 +114,37 @@ def check_decisions(
     return out
 
 
+def decision_details(
+    requests: list[dict[str, Any]], decisions: Mapping[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """What an audit record keeps of each decision: the call, its tool and original args,
+    the decision, and a SHA-256 of the args it lets run."""
+    by_id = {r["call_id"]: r for r in requests}
+    return [
+        {
+            "call_id": cid,
+            "tool": by_id[cid]["tool"],
+            "args": by_id[cid]["args"],
+            "decision": d,
+            "approved_args_sha256": _fingerprint(d.get("args", by_id[cid]["args"]))
+            if d["type"] in ("approve", "edit")
+            else None,
+        }
+        for cid, d in decisions.items()
+    ]
+
+
+def _fingerprint(args: Any) -> str:
+    return hashlib.sha256(
+        json.dumps(args, sort_keys=True, separators=(",", ":"), default=str).encode("utf-8")
+    ).hexdigest()
+
+
 class ApprovalNode:
     def __init__(self, spec: AgentSpec) -> None:
         self.spec = spec
 
-    async def __call__(self, payload: dict[str, Any]) -> Command[Any]:
+    async def __call__(self, payload: dict[str, Any], config: RunnableConfig) -> Command[Any]:
         requests: list[dict[str, Any]] = payload["requests"]
         # `agent` names who asks: an agent used as a tool asks on its caller's thread.
         question: dict[str, Any] = {
@@ -121,16 +152,28 @@ class ApprovalNode:
             "agent": self.spec.name,
             "requests": requests,
         }
-        answer = interrupt(question)
-        redactor = run_redactor(self.spec)
-        while True:
-            try:
-                decisions = check_decisions(answer, requests, self.spec, redactor)
-                break
-            except (ValidationError, TypeError) as exc:
-                # An answer that does not fit (say, typed in LangGraph Studio: a null, a
-                # number) asks again, saying why, instead of failing the run; nothing ran.
-                answer = interrupt({**question, "error": str(exc)})
+        seg = segment_of(config)
+        states = None
+        if seg is not None and not seg.started:
+            states = await seg.start_from(config)  # an answer starts this segment
+        try:
+            answer = interrupt(question)
+            redactor = run_redactor(self.spec)
+            while True:
+                try:
+                    decisions = check_decisions(answer, requests, self.spec, redactor)
+                    break
+                except (ValidationError, TypeError) as exc:
+                    # An answer that does not fit (say, typed in LangGraph Studio: a null,
+                    # a number) asks again, saying why, instead of failing the run; nothing
+                    # ran.
+                    answer = interrupt({**question, "error": str(exc)})
+        except GraphInterrupt:
+            if seg is not None:
+                seg.outcome = "suspended"
+            raise
+        if seg is not None and seg.note_records:
+            seg.decisions = decision_details(requests, decisions)
         base: dict[str, Any] = {k: payload[k] for k in ("run_id", "state") if k in payload}
         sends = []
         for call in payload["calls"]:
@@ -139,4 +182,6 @@ class ApprovalNode:
             if decision is not None:
                 task["decision"] = decision
             sends.append(Send("tools", task))
+        if states is not None:
+            return Command(goto=sends, update={"run": {"hooks": states}})
         return Command(goto=sends)

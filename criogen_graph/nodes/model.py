@@ -15,6 +15,7 @@ from langgraph.config import get_stream_writer
 from langgraph.types import Command, Overwrite, Send
 
 from criogen_graph._aio import cancel_pending
+from criogen_graph._callbacks import report_chat
 from criogen_graph._observe import run_redactor, run_spans
 from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
 from criogen_graph.errors import ModelError, ValidationError
@@ -25,6 +26,7 @@ from criogen_graph.hooks import (
     call_hook,
     copied_messages,
 )
+from criogen_graph.nodes.segment import RunSegment, segment_of
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.nodes.state import (
     add_usage,
@@ -154,19 +156,25 @@ class ModelNode:
     async def __call__(self, state: dict[str, Any], config: RunnableConfig) -> Any:
         if not self.spec.loaded:
             await self.spec.ensure_tools()  # a graph run without the API (Studio)
+        seg = segment_of(config)
         writer = stream_writer(config)
         if writer is None:
-            return (await self._run(state, None))[0]
+            update, new = await self._run(state, None, seg)
+            if seg is not None:
+                _saw(seg, state, update, new)
+            return update
         step = step_of(config)
         writer({"type": "other", "event": "step_started", "node": "model", "step": step})
-        update, new = await self._run(state, writer)
+        update, new = await self._run(state, writer, seg)
+        if seg is not None:
+            _saw(seg, state, update, new)
         for m in new:
             writer({"type": "message", "message": m})
         writer({"type": "other", "event": "step_finished", "node": "model", "step": step})
         return update
 
     async def _run(
-        self, state: dict[str, Any], writer: Writer | None
+        self, state: dict[str, Any], writer: Writer | None, seg: RunSegment | None
     ) -> tuple[Any, list[dict[str, Any]]]:
         """The node's update, and the messages it adds (for `message` events)."""
         spec = self.spec
@@ -178,6 +186,15 @@ class ModelNode:
         else:
             run = dict(prev)
         user_state: Mapping[str, Any] = state.get("state") or _EMPTY
+        if seg is not None:
+            # The segment's first node runs `on_start`; states it saved in a node that
+            # could not write them (a tool call's task) are written here.
+            if not seg.started:
+                states = await seg.start(run, messages, user_state)
+            else:
+                states, seg.unsaved_states = seg.unsaved_states, None
+            if states is not None:
+                run["hooks"] = states
 
         # Account for the tool calls answered since the previous model call.
         i = len(messages)
@@ -247,19 +264,28 @@ class ModelNode:
         )
         redactor = run_redactor(spec)
         held: RedactedText | None = None
+        held_reasoning: RedactedText | None = None
         if writer is not None:
 
             def emit(text: str) -> None:
                 writer({"type": "text", "message_id": msg_id, "text": text})
 
+            def emit_reasoning(text: str) -> None:
+                writer({"type": "reasoning", "message_id": msg_id, "text": text})
+
             if redactor is not None:
                 held = RedactedText(redactor, emit)
+                held_reasoning = RedactedText(redactor, emit_reasoning)
                 request.on_text = held
+                request.on_reasoning = held_reasoning
             else:
                 request.on_text = emit
+                request.on_reasoning = emit_reasoning
         spans = run_spans(spec)
         if spans is None:
-            response, model = await self._call_model(request, writer, None)
+            response, model = await report_chat(
+                spec, request, self._call_model(request, writer, None)
+            )
         else:
             primary = spec.models[0]
             attributes = {
@@ -270,13 +296,17 @@ class ModelNode:
             if spans.content:
                 attributes["gen_ai.input.messages"] = spans.text(request.messages)
             with spans.span(f"chat {primary.name}", attributes, kind="client") as span:
-                response, model = await self._call_model(request, writer, _Open(spans, span))
+                response, model = await report_chat(
+                    spec, request, self._call_model(request, writer, _Open(spans, span))
+                )
                 spans.set(span, _chat_attributes(spans, response, model))
         if redactor is not None:
             # Ahead of every hook: what is saved, streamed and exported is redacted.
             response.message = redact_messages(redactor, [response.message])[0]
             if held is not None:
                 held.finish()
+            if held_reasoning is not None:
+                held_reasoning.finish()
         run["model_calls"] = run["model_calls"] + 1
         run["usage"] = add_usage(run["usage"], response.usage)
         ident = model.identity
@@ -294,6 +324,14 @@ class ModelNode:
             run["stop_reason"] = "content_filter"
             if not msg.get("content"):
                 new = []
+            return self._update(transcript, replaced, new, run), new
+        if response.stop_reason == "max_tokens":
+            # Cut off by the output-token cap: the text is kept, but no call runs (its
+            # arguments may be cut too); each is answered, so the thread stays usable.
+            run["stop_reason"] = "max_tokens"
+            cut = msg.get("tool_calls")
+            if cut:
+                new.extend(not_run_messages(cut, "the reply was cut off at max_tokens"))
             return self._update(transcript, replaced, new, run), new
 
         ended = False
@@ -447,29 +485,17 @@ class ModelNode:
         models = spec.models
         err: ModelError | None = None
         model = models[0]
-        sink = request.on_text
-        if sink is not None:
-            # A stream that fails part-way is tried again (or falls back) without repeating
-            # what was already emitted: each attempt emits only text beyond it.
-            emitted = [0]
-
-            def attempt_sink() -> Callable[[str], None]:
-                seen = [0]
-
-                def emit(piece: str) -> None:
-                    start, seen[0] = seen[0], seen[0] + len(piece)
-                    if seen[0] > emitted[0]:
-                        sink(piece[max(0, emitted[0] - start) :])
-                        emitted[0] = seen[0]
-
-                return emit
+        # A stream that fails part-way is tried again (or falls back) without repeating
+        # what was already emitted: each attempt emits only text beyond it.
+        text_sinks = _AttemptSinks(request.on_text)
+        reasoning_sinks = _AttemptSinks(request.on_reasoning)
 
         for index, model in enumerate(models):
             attempt = 0
             while True:
                 attempt += 1
-                if sink is not None:
-                    request.on_text = attempt_sink()
+                request.on_text = text_sinks.attempt()
+                request.on_reasoning = reasoning_sinks.attempt()
                 try:
                     return await model.generate(request), model
                 except ModelError as exc:
@@ -515,6 +541,38 @@ class ModelNode:
                 {"role": "assistant", "content": ""}, empty_usage(), "content_filter"
             ), model
         raise _final_error(failures)
+
+
+class _AttemptSinks:
+    """Hands each attempt of a model call a sink that passes on only what no earlier
+    attempt emitted already."""
+
+    __slots__ = ("_emitted", "_sink")
+
+    def __init__(self, sink: Callable[[str], None] | None) -> None:
+        self._sink = sink
+        self._emitted = 0
+
+    def attempt(self) -> Callable[[str], None] | None:
+        sink = self._sink
+        if sink is None:
+            return None
+        seen = [0]
+
+        def emit(piece: str) -> None:
+            start, seen[0] = seen[0], seen[0] + len(piece)
+            if seen[0] > self._emitted:
+                sink(piece[max(0, self._emitted - start) :])
+                self._emitted = seen[0]
+
+        return emit
+
+
+def _saw(seg: RunSegment, state: dict[str, Any], update: Any, new: list[dict[str, Any]]) -> None:
+    """Tell the segment what this model step left (for `on_end` and its outcome)."""
+    values = update.update if isinstance(update, Command) else update
+    run = values.get("run") if isinstance(values, Mapping) else None
+    seg.saw(state.get("messages") or [], new, run if run is not None else seg.run)
 
 
 def _final_error(failures: list[ModelError]) -> ModelError:

@@ -17,11 +17,13 @@ from langgraph.errors import GraphBubbleUp
 from pydantic_core import to_jsonable_python
 
 from criogen_graph._aio import cancel_pending, to_the_end
+from criogen_graph._callbacks import report_tool
 from criogen_graph._observe import run_redactor, run_spans
 from criogen_graph.adapters.storage.base import hand_over
 from criogen_graph.errors import LimitExceededError, ToolError, ToolExecutionError
 from criogen_graph.hooks import ToolCall, ToolResult, call_hook, copy_value
 from criogen_graph.nodes.model import Writer, step_of, stream_writer
+from criogen_graph.nodes.segment import segment_of
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.tools import Tool, ToolArgumentsError, ToolContext
 
@@ -168,15 +170,24 @@ class ToolsNode:
     async def __call__(self, payload: dict[str, Any], config: RunnableConfig) -> None:
         if not self.spec.loaded:
             await self.spec.ensure_tools()  # e.g. a retry after a restart, in Studio
+        seg = segment_of(config)
+        if seg is not None and not seg.started:
+            # A retry that starts with the calls left to run: the model node that follows
+            # writes what `on_start` saved (a call's task writes only its result).
+            states = await seg.start_from(config)
+            if states is not None:
+                seg.unsaved_states = states
         spans = run_spans(self.spec)
         if spans is not None:
-            msg = await self._traced(payload, config, spans)
+            msg = await report_tool(self.spec, payload, self._traced(payload, config, spans))
         else:
             writer = stream_writer(config)
             if writer is None:
-                msg = await self.run_call(payload, config, None)
+                msg = await report_tool(self.spec, payload, self.run_call(payload, config, None))
             else:
-                msg = await self._streamed(payload, config, writer)
+                msg = await report_tool(self.spec, payload, self._streamed(payload, config, writer))
+        if seg is not None and seg.note_records:
+            seg.records.append(msg)
         return _hand_over(config, msg)
 
     async def _streamed(
@@ -222,6 +233,8 @@ class ToolsNode:
             if spans.content:
                 result["gen_ai.tool.call.result"] = spans.text(msg["content"])
             spans.set(span, result)
+            if msg["status"] == "error":
+                spans.fail(span, msg.get("error_kind") or "tool_error", msg["content"])
         return msg
 
     async def run_call(

@@ -13,6 +13,7 @@ __all__ = ["PROVIDER_KEYS", "Model", "ModelRequest", "ModelResponse", "resolve_m
 #: provider -> the environment variables its key (and endpoint) come from.
 PROVIDER_KEYS: dict[str, tuple[str, ...]] = {
     "openai": ("OPENAI_API_KEY",),
+    "openai-responses": ("OPENAI_API_KEY",),
     "anthropic": ("ANTHROPIC_API_KEY",),
     "gemini": ("GEMINI_API_KEY",),
     "openrouter": ("OPENROUTER_API_KEY",),

@@ -14,8 +14,8 @@ from criogen_graph.adapters.models.http import (
     OUTPUT_INSTRUCTION,
     HttpModel,
     api_key_from,
-    classify_status,
     parse_args,
+    tokens,
 )
 from criogen_graph.errors import ModelError, ValidationError
 from criogen_graph.results import empty_usage
@@ -25,22 +25,13 @@ API_VERSION = "2023-06-01"
 _PATH = "/v1/messages"
 #: Tool statuses the model is told were failures (`is_error`).
 _FAILED = frozenset({"error", "timeout", "rejected"})
-#: The HTTP status each error `type` comes with, so an `error` event sent in the middle of
-#: a stream (after the 200) is classified like the same error sent as a status.
-_ERROR_STATUS = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "billing_error": 402,
-    "permission_error": 403,
-    "not_found_error": 404,
-    "timeout_error": 408,
-    "request_too_large": 413,
-    "rate_limit_error": 429,
-    "api_error": 500,
-    "overloaded_error": 529,
-}
-# Anthropic words one context overflow as "input length and `max_tokens` exceed context
-# limit", which the shared hints miss.
+#: Sent for a user turn with no text: the API rejects empty and whitespace-only text (and
+#: a message without content), so `agent.run("")` would otherwise fail every time.
+EMPTY_TEXT = "(empty)"
+#: Reasoning blocks the API wants back, unchanged, on the next turn of a tool loop.
+_REASONING_TYPES = frozenset({"thinking", "redacted_thinking"})
+#: Stop reasons of an answer cut off by a token limit.
+_CUT = frozenset({"max_tokens", "model_context_window_exceeded"})
 
 
 def _as_text(content: Any) -> str:
@@ -55,7 +46,9 @@ def to_anthropic_messages(messages: list[dict[str, Any]]) -> tuple[str, list[dic
     System messages join into the top-level `system` string; tool results become
     `tool_result` blocks of a user message; consecutive messages of one role merge, so
     roles alternate as the API requires. Empty text is left out (the API rejects empty
-    text blocks).
+    text blocks); an empty user message is sent as `EMPTY_TEXT`. An assistant turn's
+    `reasoning_blocks` (thinking with its signature, redacted thinking) go first, as the
+    API requires when thinking is combined with tools.
     """
     system: list[str] = []
     out: list[dict[str, Any]] = []
@@ -75,9 +68,11 @@ def to_anthropic_messages(messages: list[dict[str, Any]]) -> tuple[str, list[dic
             if text:
                 system.append(text)
         elif role == "user":
-            add("user", [{"type": "text", "text": text}] if text else [])
+            add("user", [{"type": "text", "text": text if text.strip() else EMPTY_TEXT}])
         elif role == "assistant":
-            blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+            blocks: list[dict[str, Any]] = _reasoning_blocks(m.get("reasoning_blocks"))
+            if text.strip():
+                blocks.append({"type": "text", "text": text})
             blocks.extend(
                 {"type": "tool_use", "id": c["id"], "name": c["name"], "input": c.get("args") or {}}
                 for c in m.get("tool_calls") or ()
@@ -93,22 +88,52 @@ def to_anthropic_messages(messages: list[dict[str, Any]]) -> tuple[str, list[dic
             if m.get("status", "ok") in _FAILED:
                 block["is_error"] = True
             add("user", [block])
+    if not out or out[0]["role"] != "user":
+        # The API wants a user turn first (a hook may have left none).
+        out.insert(0, {"role": "user", "content": [{"type": "text", "text": EMPTY_TEXT}]})
     return "\n\n".join(system), out
+
+
+def _reasoning_blocks(raw: Any) -> list[dict[str, Any]]:
+    """The reasoning blocks of a transcript message that can go back: thinking with its
+    signature (a block whose text a redaction policy changed has lost it, and would be
+    rejected) and redacted thinking with its data."""
+    out: list[dict[str, Any]] = []
+    for b in raw if isinstance(raw, list) else ():
+        if not isinstance(b, Mapping):
+            continue
+        if b.get("type") == "thinking" and b.get("signature"):
+            thought = b.get("thinking") or ""
+            out.append({"type": "thinking", "thinking": thought, "signature": b["signature"]})
+        elif b.get("type") == "redacted_thinking" and b.get("data"):
+            out.append({"type": "redacted_thinking", "data": b["data"]})
+    return out
+
+
+def _unsigned_thinking(messages: list[dict[str, Any]]) -> bool:
+    """Whether an assistant turn of the current tool loop (after the last user message)
+    has a thinking block without its signature."""
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            return False
+        blocks = m.get("reasoning_blocks") if m.get("role") == "assistant" else None
+        for b in blocks if isinstance(blocks, list) else ():
+            if isinstance(b, Mapping) and b.get("type") == "thinking" and not b.get("signature"):
+                return True
+    return False
 
 
 def _usage(raw: Mapping[str, Any]) -> dict[str, int]:
     usage = empty_usage()
-    read = int(raw.get("cache_read_input_tokens") or 0)
-    write = int(raw.get("cache_creation_input_tokens") or 0)
+    read = tokens(raw, "cache_read_input_tokens")
+    write = tokens(raw, "cache_creation_input_tokens")
     # Anthropic's `input_tokens` leaves out cached tokens; report the whole prompt, as
     # OpenAI does, with the cached parts broken out.
-    usage["input_tokens"] = int(raw.get("input_tokens") or 0) + read + write
-    usage["output_tokens"] = int(raw.get("output_tokens") or 0)
+    usage["input_tokens"] = tokens(raw, "input_tokens") + read + write
+    usage["output_tokens"] = tokens(raw, "output_tokens")
     usage["cache_read_tokens"] = read
     usage["cache_write_tokens"] = write
-    usage["reasoning_tokens"] = int(
-        (raw.get("output_tokens_details") or {}).get("thinking_tokens") or 0
-    )
+    usage["reasoning_tokens"] = tokens(raw, "output_tokens_details", "thinking_tokens")
     return usage
 
 
@@ -130,12 +155,22 @@ def _call(block: Mapping[str, Any], raw: Any) -> dict[str, Any]:
 
 
 def _reply(
-    texts: list[str], calls: list[dict[str, Any]], stop: Any, usage: Mapping[str, Any]
+    texts: list[str],
+    calls: list[dict[str, Any]],
+    stop: Any,
+    usage: Mapping[str, Any],
+    reasoning: list[dict[str, Any]],
 ) -> ModelResponse:
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if reasoning:
+        thought = "".join(b.get("thinking") or "" for b in reasoning if b["type"] == "thinking")
+        if thought:
+            message["reasoning"] = thought
+        message["reasoning_blocks"] = reasoning
     if calls:
         message["tool_calls"] = calls
-    return ModelResponse(message, _usage(usage), "content_filter" if stop == "refusal" else None)
+    reason = "content_filter" if stop == "refusal" else "max_tokens" if stop in _CUT else None
+    return ModelResponse(message, _usage(usage), reason)
 
 
 class AnthropicModel(HttpModel):
@@ -147,9 +182,10 @@ class AnthropicModel(HttpModel):
     reply. Typed output has no native mode here: the JSON Schema is put in the system
     prompt with an instruction to answer with JSON only, and the agent parses and checks
     the answer (asking again when it does not fit). A `refusal` stop reason ends the run
-    with `stop_reason == "content_filter"`. Thinking blocks (`extra_body={"thinking":
-    ...}`) are not kept in the transcript, so extended thinking cannot be combined with
-    tools.
+    with `stop_reason == "content_filter"`, a `max_tokens` stop with `"max_tokens"`.
+    Extended thinking (`thinking={"type": "enabled", "budget_tokens": N}`) works with
+    tools: the thinking blocks, with their signatures, are kept on the assistant message
+    (`reasoning_blocks`; the text also as `reasoning`) and sent back unchanged.
     """
 
     provider = "anthropic"
@@ -165,7 +201,10 @@ class AnthropicModel(HttpModel):
         timeout_secs: float = 60,
         connect_timeout_secs: float = 10,
         extra_body: Mapping[str, Any] | None = None,
+        thinking: Mapping[str, Any] | None = None,
     ) -> None:
+        if thinking is not None:
+            _check_thinking(thinking, max_tokens)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
             raise TypeError(f"max_tokens must be an int, got {max_tokens!r}")
         if max_tokens < 1:
@@ -179,6 +218,7 @@ class AnthropicModel(HttpModel):
             connect_timeout_secs=connect_timeout_secs,
         )
         self.max_tokens = max_tokens
+        self.thinking = dict(thinking) if thinking is not None else None
         self._extra = dict(extra_body or {})
 
     def body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
@@ -206,80 +246,147 @@ class AnthropicModel(HttpModel):
                     spec["description"] = t["description"]
                 tools.append(spec)
             body["tools"] = tools
+        if self.thinking is not None:
+            body["thinking"] = dict(self.thinking)
         if stream:
             body["stream"] = True
         body.update(self._extra)
+        if "thinking" in body and _unsigned_thinking(request.messages):
+            # A thinking block of this tool loop lost its signature (a redaction policy
+            # changed its text), so it cannot go back; with thinking on, the API would
+            # reject the turn without it. This request goes without thinking instead.
+            del body["thinking"]
         return body
 
     async def generate(self, request: ModelRequest) -> ModelResponse:
-        if request.on_text is not None:
+        if request.on_text is not None or request.on_reasoning is not None:
             return await self._stream(request)
         data = await self._post(_PATH, self.body(request, stream=False))
         if isinstance(data, dict) and data.get("type") == "error":
-            raise self._event_error(data.get("error"))
+            raise self._stream_error(data.get("error"))
         content = data.get("content") if isinstance(data, dict) else None
         if not isinstance(content, list):
-            raise self._error("transient", f"the response is not a message: {str(data)[:200]}")
-        blocks = [b for b in content if isinstance(b, dict)]
-        texts = [b.get("text") or "" for b in blocks if b.get("type") == "text"]
-        calls = [_call(b, b.get("input")) for b in blocks if b.get("type") == "tool_use"]
-        return _reply(texts, calls, data.get("stop_reason"), data.get("usage") or {})
+            raise self._unreadable(f"the response is not a message: {str(data)[:200]}")
+        texts: list[str] = []
+        calls: list[dict[str, Any]] = []
+        reasoning: list[dict[str, Any]] = []
+        for b in content:
+            kind = b.get("type") if isinstance(b, dict) else None
+            if kind == "text":
+                texts.append(str(b.get("text") or ""))
+            elif kind == "tool_use":
+                calls.append(_call(b, b.get("input")))
+            elif kind in _REASONING_TYPES:
+                reasoning.append(dict(b))
+            else:
+                raise self._unknown_block(b)
+        usage = data.get("usage")
+        usage = usage if isinstance(usage, dict) else {}
+        return _reply(texts, calls, data.get("stop_reason"), usage, reasoning)
+
+    def _unknown_block(self, block: Any) -> ModelError:
+        kind = block.get("type") if isinstance(block, dict) else None
+        return self._unreadable(
+            f"a content block of unknown type {kind!r} ({json.dumps(block)[:200]}); this "
+            "adapter reads text, tool_use, thinking and redacted_thinking blocks",
+            kind="bad_request",
+        )
 
     async def _stream(self, request: ModelRequest) -> ModelResponse:
         sink = request.on_text
-        assert sink is not None
+        thinking = request.on_reasoning
         texts: list[str] = []
         # tool_use blocks by index, with the JSON text of their input so far
         tools: dict[int, tuple[dict[str, Any], list[str]]] = {}
+        # thinking blocks by index, filled in by their deltas
+        thoughts: dict[int, dict[str, Any]] = {}
         usage: dict[str, Any] = {}
         stop: Any = None
         finished = False
         async for name, event in self._events(_PATH, self.body(request, stream=True)):
             if not isinstance(event, dict):
-                continue
+                raise self._unreadable(f"a stream event is not an object: {str(event)[:200]}")
             kind = event.get("type") or name
-            if kind == "content_block_delta":
-                delta = event.get("delta") or {}
-                if delta.get("type") == "text_delta" and delta.get("text"):
-                    texts.append(delta["text"])
-                    sink(delta["text"])
-                elif delta.get("type") == "input_json_delta":
-                    slot = tools.get(int(event.get("index", -1)))
-                    if slot is not None:
-                        slot[1].append(delta.get("partial_json") or "")
-            elif kind == "content_block_start":
-                block = event.get("content_block") or {}
-                if block.get("type") == "tool_use":
-                    tools[int(event.get("index", len(tools)))] = (block, [])
-                elif block.get("type") == "text" and block.get("text"):
-                    texts.append(block["text"])
-                    sink(block["text"])
-            elif kind == "message_start":
-                usage.update((event.get("message") or {}).get("usage") or {})
-            elif kind == "message_delta":
-                stop = (event.get("delta") or {}).get("stop_reason") or stop
-                # Its counts are cumulative; fields it leaves out keep message_start's.
-                usage.update({k: v for k, v in (event.get("usage") or {}).items() if v is not None})
-            elif kind == "message_stop":
-                finished = True
-            elif kind == "error":
-                raise self._event_error(event.get("error"))
+            if kind == "error":
+                raise self._stream_error(event.get("error"))
+            try:
+                if kind == "content_block_delta":
+                    delta = event.get("delta") or {}
+                    dtype = delta.get("type")
+                    index = int(event.get("index", -1))
+                    if dtype == "text_delta" and delta.get("text"):
+                        texts.append(delta["text"])
+                        if sink is not None:
+                            sink(delta["text"])
+                    elif dtype == "input_json_delta":
+                        slot = tools.get(index)
+                        if slot is not None:
+                            slot[1].append(delta.get("partial_json") or "")
+                    elif dtype == "thinking_delta" and index in thoughts:
+                        piece = str(delta.get("thinking") or "")
+                        thoughts[index]["thinking"] += piece
+                        if piece and thinking is not None:
+                            thinking(piece)
+                    elif dtype == "signature_delta" and index in thoughts:
+                        thoughts[index]["signature"] += str(delta.get("signature") or "")
+                elif kind == "content_block_start":
+                    block = event.get("content_block") or {}
+                    btype = block.get("type")
+                    index = int(event.get("index", len(tools) + len(thoughts)))
+                    if btype == "tool_use":
+                        tools[index] = (block, [])
+                    elif btype == "text":
+                        if block.get("text"):
+                            texts.append(block["text"])
+                            if sink is not None:
+                                sink(block["text"])
+                    elif btype == "thinking":
+                        thoughts[index] = {
+                            "type": "thinking",
+                            "thinking": str(block.get("thinking") or ""),
+                            "signature": str(block.get("signature") or ""),
+                        }
+                    elif btype == "redacted_thinking":
+                        thoughts[index] = dict(block)
+                    else:
+                        raise self._unknown_block(block)
+                elif kind == "message_start":
+                    usage.update((event.get("message") or {}).get("usage") or {})
+                elif kind == "message_delta":
+                    stop = (event.get("delta") or {}).get("stop_reason") or stop
+                    # Its counts are cumulative; fields it leaves out keep message_start's.
+                    given = event.get("usage") or {}
+                    usage.update({k: v for k, v in given.items() if v is not None})
+                elif kind == "message_stop":
+                    finished = True
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                raise self._unreadable(
+                    f"{type(exc).__name__}: {exc}: {json.dumps(event)[:200]}"
+                ) from exc
         if not finished:
             raise self._error("connection", "the stream ended before message_stop")
         calls = [
             _call(block, "".join(parts) if parts else block.get("input"))
             for _, (block, parts) in sorted(tools.items())
         ]
-        return _reply(texts, calls, stop, usage)
+        reasoning = [b for _, b in sorted(thoughts.items())]
+        return _reply(texts, calls, stop, usage, reasoning)
 
-    def _event_error(self, error: Any) -> ModelError:
-        """The `ModelError` of an error object sent with status 200 (in a stream)."""
-        error = error if isinstance(error, dict) else {}
-        etype = str(error.get("type") or "api_error")
-        message = str(error.get("message") or etype)
-        # An unknown type is the server failing part-way: worth another try.
-        kind = classify_status(_ERROR_STATUS.get(etype, 500), message)
-        return self._error(kind, f"{etype}: {message}")
+
+def _check_thinking(thinking: Any, max_tokens: Any) -> None:
+    if not isinstance(thinking, Mapping) or not isinstance(thinking.get("type"), str):
+        raise ValidationError(
+            'thinking must be a dict such as {"type": "enabled", "budget_tokens": 2048}, got '
+            f"{thinking!r}",
+            code="invalid_value",
+        )
+    budget = thinking.get("budget_tokens")
+    if isinstance(budget, int) and isinstance(max_tokens, int) and budget >= max_tokens:
+        raise ValidationError(
+            f"thinking budget_tokens ({budget}) must be less than max_tokens ({max_tokens}): "
+            "the thinking counts towards max_tokens; raise max_tokens",
+            code="invalid_value",
+        )
 
 
 def anthropic(
@@ -292,6 +399,7 @@ def anthropic(
     connect_timeout_secs: float = 10,
     headers: Mapping[str, str] | None = None,
     extra_body: Mapping[str, Any] | None = None,
+    thinking: Mapping[str, Any] | None = None,
 ) -> AnthropicModel:
     """An Anthropic model (the key defaults to `ANTHROPIC_API_KEY`, the URL to
     `ANTHROPIC_BASE_URL` or Anthropic's; give the URL without `/v1`).
@@ -299,7 +407,9 @@ def anthropic(
     With another `base_url` (a proxy or a compatible server) a key is optional.
     `max_tokens` bounds each reply; `headers` are added to every request (e.g.
     `{"anthropic-beta": ...}`); `extra_body` adds fields to every request (e.g.
-    `{"stop_sequences": ["END"]}`).
+    `{"stop_sequences": ["END"]}`). `thinking` turns on extended thinking in the API's
+    own form, e.g. `{"type": "enabled", "budget_tokens": 2048}` (less than `max_tokens`)
+    or `{"type": "adaptive"}`; it combines with tools.
     """
     base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
     custom = base_url is not None and base_url.rstrip("/") != ANTHROPIC_URL
@@ -313,4 +423,5 @@ def anthropic(
         timeout_secs=timeout_secs,
         connect_timeout_secs=connect_timeout_secs,
         extra_body=extra_body,
+        thinking=thinking,
     )

@@ -26,20 +26,24 @@ class ModelRequest:
     `messages` is the transcript with the system message (instructions) first; `tools` the
     offered tools as `{"name", "description", "parameters"}`; `output_schema` the JSON
     Schema the final answer must match (providers use their structured-output mode).
-    `on_text`, when set, receives pieces of the answer as they are written.
+    `on_text`, when set, receives pieces of the answer as they are written; `on_reasoning`
+    pieces of the model's reasoning (thinking) text, for models that show it.
     """
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     output_schema: dict[str, Any] | None = None
     on_text: TextSink | None = None
+    on_reasoning: TextSink | None = None
 
 
 @dataclass(slots=True)
 class ModelResponse:
     """One model reply: an assistant message dict (`content`, optional `tool_calls` of
-    `{"id", "name", "args"}`), its token usage and, for a provider safety stop,
-    `stop_reason="content_filter"`."""
+    `{"id", "name", "args"}`, optional `reasoning` text and the provider's
+    `reasoning_blocks` to send back), its token usage and, for a provider safety stop,
+    `stop_reason="content_filter"`, for an answer cut off by the output-token cap
+    `stop_reason="max_tokens"`."""
 
     message: dict[str, Any]
     usage: dict[str, int] = field(default_factory=empty_usage)

@@ -46,6 +46,7 @@ from criogen_graph.adapters.models.http import (
     error_message,
     parse_args,
     retry_after_secs,
+    tokens,
 )
 from criogen_graph.errors import ModelError
 from criogen_graph.results import empty_usage
@@ -67,6 +68,9 @@ _FILTER_FINISH = frozenset(
     }
 )
 _ERROR_STATUSES = frozenset({"error", "timeout", "rejected"})
+#: Sent for a user turn with no text: the API rejects a text part that is empty (and a
+#: content without parts), so `agent.run("")` would otherwise fail every time.
+EMPTY_TEXT = " "
 # Documented by Google for function calls the model did not produce itself.
 _FOREIGN_SIGNATURE = "skip_thought_signature_validator"
 _VERSIONED = re.compile(r"/v\d+(?:alpha|beta)?\d*$")
@@ -281,7 +285,7 @@ def to_gemini_contents(messages: list[dict[str, Any]]) -> tuple[list[str], list[
             if text:
                 system.append(text)
         elif role == "user":
-            add("user", [{"text": text}] if text else [])
+            add("user", [{"text": text or EMPTY_TEXT}])
         elif role == "assistant":
             parts: list[dict[str, Any]] = [{"text": text}] if text else []
             for i, c in enumerate(m.get("tool_calls") or ()):
@@ -314,6 +318,10 @@ def to_gemini_contents(messages: list[dict[str, Any]]) -> tuple[list[str], list[
             if source.get("gemini_id"):
                 response["id"] = source["gemini_id"]
             add("user", [{"functionResponse": response}])
+    if not contents or contents[0]["role"] != "user":
+        # The API wants a user turn first and rejects empty contents (a hook may have
+        # left no user message).
+        contents.insert(0, {"role": "user", "parts": [{"text": EMPTY_TEXT}]})
     return system, contents
 
 
@@ -322,14 +330,12 @@ def to_gemini_contents(messages: list[dict[str, Any]]) -> tuple[list[str], list[
 
 def _usage(raw: Mapping[str, Any] | None) -> dict[str, int]:
     usage = empty_usage()
-    if not raw:
-        return usage
-    thoughts = int(raw.get("thoughtsTokenCount") or 0)
-    usage["input_tokens"] = int(raw.get("promptTokenCount") or 0)
+    thoughts = tokens(raw, "thoughtsTokenCount")
+    usage["input_tokens"] = tokens(raw, "promptTokenCount")
     # Thinking tokens are billed as output.
-    usage["output_tokens"] = int(raw.get("candidatesTokenCount") or 0) + thoughts
+    usage["output_tokens"] = tokens(raw, "candidatesTokenCount") + thoughts
     usage["reasoning_tokens"] = thoughts
-    usage["cache_read_tokens"] = int(raw.get("cachedContentTokenCount") or 0)
+    usage["cache_read_tokens"] = tokens(raw, "cachedContentTokenCount")
     return usage
 
 
@@ -357,9 +363,11 @@ def _call(raw: Mapping[str, Any], signature: Any) -> dict[str, Any]:
 class _Reply:
     """A reply put together from one response, or from the partial responses of a stream."""
 
-    def __init__(self, sink: TextSink | None) -> None:
+    def __init__(self, sink: TextSink | None, thinking: TextSink | None = None) -> None:
         self.sink = sink
+        self.thinking = thinking
         self.text: list[str] = []
+        self.thoughts: list[str] = []
         self.calls: list[dict[str, Any]] = []
         self.finish: str | None = None
         self.blocked: str | None = None
@@ -377,10 +385,20 @@ class _Reply:
             return
         candidate = candidates[0]
         self.answered = True
-        for part in (candidate.get("content") or {}).get("parts") or ():
-            if not isinstance(part, Mapping) or part.get("thought"):
-                continue  # thought summaries are not part of the answer
+        parts = (candidate.get("content") or {}).get("parts") or []
+        if not isinstance(parts, list):
+            raise TypeError(f"content.parts must be a list, got {type(parts).__name__}")
+        for part in parts:
+            if not isinstance(part, Mapping):
+                continue
             piece = part.get("text")
+            if part.get("thought"):
+                # A thought summary: reasoning, not part of the answer.
+                if isinstance(piece, str) and piece:
+                    self.thoughts.append(piece)
+                    if self.thinking is not None:
+                        self.thinking(piece)
+                continue
             if isinstance(piece, str) and piece:
                 self.text.append(piece)
                 if self.sink is not None:
@@ -393,6 +411,8 @@ class _Reply:
 
     def response(self, model: GeminiModel, *, streamed: bool) -> ModelResponse:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text)}
+        if self.thoughts:
+            message["reasoning"] = "".join(self.thoughts)
         if self.calls:
             message["tool_calls"] = self.calls
         usage = _usage(self.usage)
@@ -407,6 +427,8 @@ class _Reply:
             raise model._error("transient", "the model wrote a malformed function call")
         if streamed and self.finish is None:
             raise model._error("connection", "the stream ended before the answer was finished")
+        if self.finish == "MAX_TOKENS":
+            return ModelResponse(message, usage, "max_tokens")
         return ModelResponse(message, usage)
 
 
@@ -500,34 +522,35 @@ class GeminiModel(HttpModel):
         return body
 
     async def generate(self, request: ModelRequest) -> ModelResponse:
-        if request.on_text is not None:
+        if request.on_text is not None or request.on_reasoning is not None:
             return await self._stream(request)
         data = await self._post(f"{self._path}:generateContent", self.body(request))
         if not isinstance(data, Mapping):
-            raise self._error("transient", f"the response is not an object: {str(data)[:200]}")
+            raise self._unreadable(f"the response is not an object: {str(data)[:200]}")
         reply = _Reply(None)
-        reply.add(data)
+        self._add(reply, data)
         return reply.response(self, streamed=False)
 
     async def _stream(self, request: ModelRequest) -> ModelResponse:
-        reply = _Reply(request.on_text)
+        reply = _Reply(request.on_text, request.on_reasoning)
         async for _, chunk in self._events(
             f"{self._path}:streamGenerateContent", self.body(request), {"alt": "sse"}
         ):
             if not isinstance(chunk, Mapping):
-                continue
-            err = chunk.get("error")
-            if isinstance(err, Mapping):
-                # A failure reported inside an open stream, in the error body's shape.
-                status = int(err.get("code") or 500)
-                raw = json.dumps(chunk)
-                raise self._error(
-                    classify_status(status, raw),
-                    f"error in the stream: {error_message(raw)}",
-                    status=status,
-                )
-            reply.add(chunk)
+                raise self._unreadable(f"a stream event is not an object: {str(chunk)[:200]}")
+            self._add(reply, chunk)
         return reply.response(self, streamed=True)
+
+    def _add(self, reply: _Reply, data: Mapping[str, Any]) -> None:
+        if data.get("error"):
+            # A failure reported with status 200 (inside an open stream), in the error
+            # body's shape.
+            raise self._stream_error(data["error"])
+        try:
+            reply.add(data)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            problem = f"{type(exc).__name__}: {exc}: {json.dumps(data, default=str)[:200]}"
+            raise self._unreadable(problem) from exc
 
     def _status_error(self, response: httpx.Response, text: str) -> ModelError:
         details = _error_details(text)

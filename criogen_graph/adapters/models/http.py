@@ -35,6 +35,38 @@ OUTPUT_INSTRUCTION = (
     "Schema:\n{schema}"
 )
 _FILTER_HINTS = ("content_filter", "content_policy", "content policy", "safety", "responsible ai")
+#: The HTTP status an error name stands for, so an error sent inside a 200 stream (whose
+#: status is long gone) is classified like the same error sent as a status. Names are the
+#: `type` / `code` / `status` fields of OpenAI-style, Anthropic and Google error objects.
+_ERROR_NAMES = {
+    "invalid_request_error": 400,
+    "invalid_argument": 400,
+    "failed_precondition": 400,
+    "bad_request": 400,
+    "authentication_error": 401,
+    "unauthenticated": 401,
+    "invalid_api_key": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "permission_denied": 403,
+    "not_found_error": 404,
+    "not_found": 404,
+    "timeout_error": 408,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "rate_limit_exceeded": 429,
+    "resource_exhausted": 429,
+    "insufficient_quota": 429,
+    "api_error": 500,
+    "server_error": 500,
+    "internal": 500,
+    "internal_error": 500,
+    "unavailable": 503,
+    "service_unavailable": 503,
+    "deadline_exceeded": 504,
+    "overloaded_error": 529,
+    "overloaded": 529,
+}
 
 
 def api_key_from(api_key: str | None, env: str, *, required: bool, what: str) -> str | None:
@@ -110,6 +142,31 @@ def error_message(text: str) -> str:
     return text.strip()[:500]
 
 
+def tokens(raw: Any, *path: str) -> int:
+    """A token count at `path` in a usage object; 0 when it is missing or not a count
+    (usage is bookkeeping: a provider's odd value must not fail an answer)."""
+    for key in path:
+        raw = raw.get(key) if isinstance(raw, Mapping) else None
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        return 0
+    return max(0, int(raw))
+
+
+def stream_error_status(error: Mapping[str, Any]) -> int:
+    """The HTTP status an error object sent inside a stream stands for: its numeric `code`
+    (OpenRouter, Google), else its `type` / `code` / `status` name; 500 (a server failing
+    part-way, worth another try) when it names none we know."""
+    code = error.get("code")
+    numeric = isinstance(code, int | str) and not isinstance(code, bool) and str(code).isdigit()
+    if numeric and 400 <= int(str(code)) < 600:
+        return int(str(code))
+    for key in ("type", "status", "code"):
+        name = error.get(key)
+        if isinstance(name, str) and name.lower() in _ERROR_NAMES:
+            return _ERROR_NAMES[name.lower()]
+    return 500
+
+
 class HttpModel(Model):
     """A model behind an HTTP API (async `httpx`, one pooled client per event loop).
 
@@ -170,6 +227,28 @@ class HttpModel(Model):
             status=status,
             retry_after=retry_after,
         )
+
+    def _stream_error(self, error: Any) -> ModelError:
+        """The `ModelError` of an error object a provider sent with status 200 (inside a
+        stream, or as the body): classified by what it names, with its message."""
+        error = error if isinstance(error, Mapping) else {"message": str(error)}
+        status = stream_error_status(error)
+        name = next(
+            (str(error[k]) for k in ("type", "status", "code") if isinstance(error.get(k), str)),
+            "",
+        )
+        message = str(error.get("message") or name or "an unnamed error")[:500]
+        label = f"{name}: {message}" if name and name not in message else message
+        return self._error(
+            classify_status(status, f"{name} {message}"),
+            f"error in the response stream: {label}",
+            status=status,
+        )
+
+    def _unreadable(self, what: str, *, kind: str = "transient") -> ModelError:
+        """A reply this adapter cannot read. A broken or cut reply is `transient` (another
+        try usually reads well); one of a kind the adapter does not know is not."""
+        return self._error(kind, f"could not read the reply: {what}")
 
     def _transport_error(self, exc: Exception) -> ModelError:
         if isinstance(exc, httpx.TimeoutException):
@@ -253,11 +332,14 @@ class HttpModel(Model):
                     raw = "\n".join(data)
                     if raw.strip() != "[DONE]":
                         try:
-                            yield event, json.loads(raw)
+                            parsed = json.loads(raw)
                         except ValueError as exc:
+                            # The body ended inside an event: the stream was cut.
                             raise self._error(
-                                "transient", f"a stream event is not valid JSON: {raw[:200]!r}"
+                                "connection",
+                                f"the stream ended in the middle of an event: {raw[:200]!r}",
                             ) from exc
+                        yield event, parsed
         except httpx.HTTPError as exc:
             raise self._transport_error(exc) from exc
 

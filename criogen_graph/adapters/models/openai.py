@@ -7,30 +7,45 @@ import json
 import os
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from criogen_graph.adapters.models.base import ModelRequest, ModelResponse, wire_call_id
-from criogen_graph.adapters.models.http import HttpModel, api_key_from, parse_args
+from criogen_graph.adapters.models.http import HttpModel, api_key_from, parse_args, tokens
 from criogen_graph.errors import ValidationError
 from criogen_graph.results import empty_usage
+
+if TYPE_CHECKING:
+    from criogen_graph.adapters.models.openai_responses import OpenAIResponsesModel
 
 OPENAI_URL = "https://api.openai.com/v1"
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 AZURE_API_VERSION = "2024-10-21"
 _FILTER_FINISH = ("content_filter",)
+#: Where OpenAI-compatible servers put a reasoning model's thinking text: DeepSeek, vLLM
+#: and most servers `reasoning_content`, OpenRouter and Ollama `reasoning`.
+_REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
 def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Transcript dicts in Chat Completions form."""
+    """Transcript dicts in Chat Completions form.
+
+    An assistant turn of the current tool loop (after the last user message) that came
+    with reasoning text in a `reasoning_content` / `reasoning` field gets it back in that
+    field, as DeepSeek requires for thinking with tools; earlier turns go without it.
+    """
     out: list[dict[str, Any]] = []
     wire: dict[Any, Any] = {}  # our call id -> the provider's, for renamed calls
-    for m in messages:
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    for index, m in enumerate(messages):
         role = m.get("role")
         content = m.get("content")
         if role in ("system", "user"):
             out.append({"role": role, "content": content if content is not None else ""})
         elif role == "assistant":
             msg: dict[str, Any] = {"role": "assistant", "content": content or None}
+            field = m.get("reasoning_field")
+            if index > last_user and field in _REASONING_FIELDS and m.get("reasoning"):
+                msg[field] = m["reasoning"]
             calls = m.get("tool_calls")
             if calls:
                 for c in calls:
@@ -63,16 +78,10 @@ def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _usage(raw: Mapping[str, Any] | None) -> dict[str, int]:
     usage = empty_usage()
-    if not raw:
-        return usage
-    usage["input_tokens"] = int(raw.get("prompt_tokens") or 0)
-    usage["output_tokens"] = int(raw.get("completion_tokens") or 0)
-    usage["cache_read_tokens"] = int(
-        (raw.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    )
-    usage["reasoning_tokens"] = int(
-        (raw.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
-    )
+    usage["input_tokens"] = tokens(raw, "prompt_tokens")
+    usage["output_tokens"] = tokens(raw, "completion_tokens")
+    usage["cache_read_tokens"] = tokens(raw, "prompt_tokens_details", "cached_tokens")
+    usage["reasoning_tokens"] = tokens(raw, "completion_tokens_details", "reasoning_tokens")
     return usage
 
 
@@ -167,73 +176,124 @@ class OpenAIModel(HttpModel):
         return body
 
     async def generate(self, request: ModelRequest) -> ModelResponse:
-        if request.on_text is not None:
+        if request.on_text is not None or request.on_reasoning is not None:
             return await self._stream(request)
         data = await self._post(self._path, self.body(request, stream=False), self._params)
+        try:
+            return self._read(data)
+        except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+            problem = f"{type(exc).__name__}: {exc}: {json.dumps(data)[:200]}"
+            raise self._unreadable(problem) from exc
+
+    def _read(self, data: Any) -> ModelResponse:
+        if not isinstance(data, dict):
+            raise self._unreadable(f"the response is not an object: {str(data)[:200]}")
+        if data.get("error"):
+            # OpenRouter (and some compatible servers) answer a failure with status 200.
+            raise self._stream_error(data["error"])
         choices = data.get("choices") or []
         if not choices:
             raise self._error("transient", f"the response has no choices: {json.dumps(data)[:200]}")
         choice = choices[0]
         raw = choice.get("message") or {}
+        if choice.get("finish_reason") == "error" or raw.get("error"):
+            raise self._stream_error(raw.get("error") or choice.get("error") or {})
         message: dict[str, Any] = {"role": "assistant", "content": raw.get("content") or ""}
+        for field in _REASONING_FIELDS:
+            if isinstance(raw.get(field), str) and raw[field]:
+                message["reasoning"] = raw[field]
+                message["reasoning_field"] = field
+                break
         calls = _calls(raw.get("tool_calls") or [])
         if calls:
             message["tool_calls"] = calls
-        stop = None
-        if raw.get("refusal") or choice.get("finish_reason") in _FILTER_FINISH:
-            stop = "content_filter"
-            if raw.get("refusal") and not message["content"]:
-                message["content"] = raw["refusal"]
-        return ModelResponse(message, _usage(data.get("usage")), stop)
+        return ModelResponse(
+            message,
+            _usage(data.get("usage")),
+            _stop(choice.get("finish_reason"), raw.get("refusal"), message),
+        )
 
     async def _stream(self, request: ModelRequest) -> ModelResponse:
         sink = request.on_text
-        assert sink is not None
+        thinking = request.on_reasoning
         text: list[str] = []
+        reasoning: list[str] = []
+        reasoning_field: str | None = None
         refusal: list[str] = []
         partial: dict[int, dict[str, Any]] = {}
         finish: str | None = None
         usage_raw: dict[str, Any] | None = None
-        async for _, chunk in self._events(
+        async for name, chunk in self._events(
             self._path, self.body(request, stream=True), self._params
         ):
-            if chunk.get("usage"):
-                usage_raw = chunk["usage"]
-            for choice in chunk.get("choices") or ():
-                delta = choice.get("delta") or {}
-                piece = delta.get("content")
-                if piece:
-                    text.append(piece)
-                    sink(piece)
-                if delta.get("refusal"):
-                    refusal.append(delta["refusal"])
-                for tc in delta.get("tool_calls") or ():
-                    slot = partial.setdefault(
-                        int(tc.get("index", 0)),
-                        {"id": None, "function": {"name": "", "arguments": ""}},
-                    )
-                    if tc.get("id"):
-                        slot["id"] = tc["id"]
-                    fn = tc.get("function") or {}
-                    if fn.get("name"):
-                        slot["function"]["name"] += fn["name"]
-                    if fn.get("arguments"):
-                        slot["function"]["arguments"] += fn["arguments"]
-                if choice.get("finish_reason"):
-                    finish = choice["finish_reason"]
+            if not isinstance(chunk, dict):
+                raise self._unreadable(f"a stream event is not an object: {str(chunk)[:200]}")
+            if name == "error" or chunk.get("error"):
+                # Groq sends `event: error`, OpenRouter a chunk with an `error` object.
+                raise self._stream_error(chunk.get("error") or chunk)
+            try:
+                if chunk.get("usage"):
+                    usage_raw = chunk["usage"]
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    piece = delta.get("content")
+                    if piece:
+                        text.append(piece)
+                        if sink is not None:
+                            sink(piece)
+                    for field in _REASONING_FIELDS:
+                        thought = delta.get(field)
+                        if isinstance(thought, str) and thought:
+                            reasoning_field = reasoning_field or field
+                            reasoning.append(thought)
+                            if thinking is not None:
+                                thinking(thought)
+                            break
+                    if delta.get("refusal"):
+                        refusal.append(delta["refusal"])
+                    for tc in delta.get("tool_calls") or ():
+                        slot = partial.setdefault(
+                            int(tc.get("index", 0)),
+                            {"id": None, "function": {"name": "", "arguments": ""}},
+                        )
+                        if tc.get("id"):
+                            slot["id"] = tc["id"]
+                        fn = tc.get("function") or {}
+                        if fn.get("name"):
+                            slot["function"]["name"] += fn["name"]
+                        if fn.get("arguments"):
+                            slot["function"]["arguments"] += fn["arguments"]
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                raise self._unreadable(
+                    f"{type(exc).__name__}: {exc}: {json.dumps(chunk)[:200]}"
+                ) from exc
         if finish is None:
             # Every answer ends with a finish_reason; a stream closed before it is cut.
             raise self._error("connection", "the stream ended before the answer was finished")
+        if finish == "error":
+            raise self._stream_error({"message": "the provider ended the answer with an error"})
         message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+        if reasoning:
+            message["reasoning"] = "".join(reasoning)
+            message["reasoning_field"] = reasoning_field
         calls = _calls([partial[i] for i in sorted(partial)])
         if calls:
             message["tool_calls"] = calls
-        stop = None
-        if refusal or finish in _FILTER_FINISH:
-            stop = "content_filter"
-            if refusal and not message["content"]:
-                message["content"] = "".join(refusal)
-        return ModelResponse(message, _usage(usage_raw), stop)
+        return ModelResponse(message, _usage(usage_raw), _stop(finish, "".join(refusal), message))
+
+
+def _stop(finish: Any, refusal: Any, message: dict[str, Any]) -> str | None:
+    """The stop reason of a reply (None: a normal answer); a refusal with no text is the
+    text of the reply."""
+    if refusal or finish in _FILTER_FINISH:
+        if refusal and not message["content"]:
+            message["content"] = str(refusal)
+        return "content_filter"
+    if finish == "length":
+        return "max_tokens"
+    return None
 
 
 def openai(
@@ -246,14 +306,33 @@ def openai(
     connect_timeout_secs: float = 10,
     headers: Mapping[str, str] | None = None,
     extra_body: Mapping[str, Any] | None = None,
-) -> OpenAIModel:
+    api: str = "chat",
+) -> OpenAIModel | OpenAIResponsesModel:
     """An OpenAI Chat Completions model (the key defaults to `OPENAI_API_KEY`, the URL to
-    `OPENAI_BASE_URL` or OpenAI's).
+    `OPENAI_BASE_URL` or OpenAI's); `api="responses"` the same model behind the Responses
+    API (`openai_responses(...)`, which has its reasoning options).
 
     With `base_url`, any OpenAI-compatible server: vLLM, Ollama
     (`base_url="http://localhost:11434/v1"`), llama.cpp server; a key is then optional.
     `extra_body` adds fields to every request (e.g. `{"temperature": 0}`).
     """
+    if api not in ("chat", "responses"):
+        raise ValidationError(
+            f"api must be 'chat' or 'responses', got {api!r}", code="invalid_value"
+        )
+    if api == "responses":
+        from criogen_graph.adapters.models.openai_responses import openai_responses
+
+        return openai_responses(
+            model,
+            api_key=api_key,
+            base_url=base_url,
+            organization=organization,
+            timeout_secs=timeout_secs,
+            connect_timeout_secs=connect_timeout_secs,
+            headers=headers,
+            extra_body=extra_body,
+        )
     base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
     custom = base_url is not None and base_url.rstrip("/") != OPENAI_URL
     key = api_key_from(api_key, "OPENAI_API_KEY", required=not custom, what=f"openai:{model}")

@@ -11,6 +11,10 @@ def from_string(provider: str, name: str) -> Model:
         from criogen_graph.adapters.models.openai import openai
 
         return openai(name)
+    if provider == "openai-responses":
+        from criogen_graph.adapters.models.openai_responses import openai_responses
+
+        return openai_responses(name)
     if provider == "openrouter":
         from criogen_graph.adapters.models.openai import openrouter
 

@@ -227,22 +227,32 @@ def records_for_writes(
         items = value if isinstance(value, tuple | list) else (value,)
         for m in items:
             if isinstance(m, dict) and m.get("role") == "tool":
-                details: dict[str, Any] = {
-                    "call_id": m.get("tool_call_id"),
-                    "tool": m.get("name"),
-                    "status": m.get("status"),
-                }
-                if "tool" in m:
-                    details["ran_as"] = m["tool"]
-                for key in ("changed_by", "decision", "error_kind"):
-                    if key in m:
-                        details[key] = m[key]
                 out.append(
                     record(
-                        "tool_call", seg.thread_id, run_id=seg.run_id, actor=seg.actor, **details
+                        "tool_call",
+                        seg.thread_id,
+                        run_id=seg.run_id,
+                        actor=seg.actor,
+                        **tool_call_details(m),
                     )
                 )
     return out
+
+
+def tool_call_details(m: Mapping[str, Any]) -> dict[str, Any]:
+    """The details of a `tool_call` audit record, from the tool message that answers it:
+    the call, the tool that ran, its status, and the hooks or decision that changed it."""
+    details: dict[str, Any] = {
+        "call_id": m.get("tool_call_id"),
+        "tool": m.get("name"),
+        "status": m.get("status"),
+    }
+    if "tool" in m:
+        details["ran_as"] = m["tool"]
+    for key in ("changed_by", "decision", "error_kind"):
+        if key in m:
+            details[key] = m[key]
+    return details
 
 
 def cached_head(config: Any) -> tuple[bool, Any]:
@@ -322,6 +332,9 @@ class SaverMixin:
 
     transcripts: TranscriptCache
     serde: Any
+    #: Writes audit records to the storage's table (set when the storage opens it), for
+    #: runs LangGraph drives on this saver without our `Thread` (see `graph.AgentGraph`).
+    audit_writer: Callable[[list[dict[str, Any]]], Awaitable[None]] | None = None
 
     async def aget_delta_channel_history(self, *, config: Any, channels: Sequence[str]) -> Any:
         hit = self.transcripts.history(config, channels)

@@ -1,0 +1,108 @@
+"""The agent that background-run tests submit to and their worker subprocesses serve
+(`criogen-graph worker --agent tests.reliability._background_agents:agent`).
+
+Every tool appends a line to the ledger in $CRIOGEN_BG_WORKDIR:
+`<event> <thread id> <call id> <idempotency key> <pid>`, so a test can count what ran,
+in which process, in what order."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from criogen_graph import Agent, FakeReply, FunctionModel, Storage, ToolContext, tool
+
+
+def workdir() -> Path:
+    return Path(os.environ.get("CRIOGEN_BG_WORKDIR", "."))
+
+
+def ledger(where: Path) -> list[list[str]]:
+    path = where / "ledger"
+    if not path.exists():
+        return []
+    return [line.split(" ") for line in path.read_text().splitlines()]
+
+
+def _append(event: str, ctx: ToolContext) -> None:
+    line = f"{event} {ctx.thread_id} {ctx.call_id} {ctx.idempotency_key} {os.getpid()}\n"
+    # O_APPEND + fsync: a line is wholly in the file or not at all, even under SIGKILL.
+    fd = os.open(workdir() / "ledger", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@tool
+async def fast(ctx: ToolContext) -> str:
+    """Finishes at once."""
+    _append("fast", ctx)
+    return "fast done"
+
+
+@tool
+async def slow(ctx: ToolContext) -> str:
+    """Waits until the file `release` exists in the work directory."""
+    _append("slow-started", ctx)
+    # The release comes from the test process: a file is what both can see.
+    while not (workdir() / "release").exists():  # noqa: ASYNC110
+        await asyncio.sleep(0.02)
+    _append("slow", ctx)
+    return "slow done"
+
+
+@tool
+async def mark(n: int, ctx: ToolContext) -> int:
+    """Marks the start and end of step n (with a pause between, for overlaps to show)."""
+    _append(f"start-{n}", ctx)
+    await asyncio.sleep(0.05)
+    _append(f"end-{n}", ctx)
+    return n
+
+
+@tool
+async def nap(ctx: ToolContext) -> str:
+    """Sleeps 50 ms (the scale benchmark's tool)."""
+    await asyncio.sleep(0.05)
+    _append("nap", ctx)
+    return "rested"
+
+
+def _script(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+    last = messages[-1]
+    if last["role"] != "user":
+        return f"done: {messages[-1].get('content')}"
+    text = str(last["content"])
+    if text.startswith("kill"):
+        return FakeReply.tool_calls(("fast", {}), ("slow", {}))
+    if text.startswith("seq "):
+        return FakeReply.tool_call("mark", {"n": int(text.split(" ")[1])})
+    return FakeReply.tool_call("nap", {})
+
+
+def make_agent(storage: Storage | str = "memory://") -> Agent[Any]:
+    return Agent(
+        FunctionModel(_script),
+        tools=[fast, slow, mark, nap],
+        storage=storage,
+        name="bg-agent",
+    )
+
+
+def make_approver(storage: Storage | str = "memory://") -> Agent[Any]:
+    """The same agent, but every `nap` waits for a person's approval."""
+    return Agent(
+        FunctionModel(_script),
+        tools=[fast, slow, mark, nap],
+        approve=["nap"],
+        storage=storage,
+        name="bg-approver",
+    )
+
+
+agent = make_agent()
+approver = make_approver()

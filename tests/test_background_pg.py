@@ -1,0 +1,254 @@
+"""Background runs on PostgreSQL with a worker in the test's event loop (the worker
+subprocess tests, SIGKILL and ordering, are in tests/reliability/test_background_*.py):
+the queue API, the command line, and bad input (a clear error on the handle and in the
+run's record; the worker goes on serving)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from criogen_graph import (
+    Agent,
+    FakeModel,
+    RunFailedError,
+    Storage,
+    Worker,
+    close_runs,
+    get_run,
+    list_runs,
+)
+from tests.conftest import PG_URL, require_postgres
+from tests.reliability import _background_agents as bg
+
+# One schema, one queue and one worker for the module (their setup is most of the cost);
+# each test has threads of its own and its own ledger.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest.fixture(scope="module")
+def module_url() -> Iterator[str]:
+    require_postgres()
+    import psycopg
+
+    schema = f"criogen_bg_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in PG_URL else "?"
+    try:
+        yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture(scope="module")
+def module_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("bg")
+    old = os.environ.get("CRIOGEN_BG_WORKDIR")
+    os.environ["CRIOGEN_BG_WORKDIR"] = str(path)
+    try:
+        yield path
+    finally:
+        if old is None:
+            del os.environ["CRIOGEN_BG_WORKDIR"]
+        else:
+            os.environ["CRIOGEN_BG_WORKDIR"] = old
+
+
+@pytest.fixture
+def workdir(module_dir: Path) -> Path:
+    (module_dir / "ledger").unlink(missing_ok=True)
+    return module_dir
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def storage(module_url: str) -> AsyncIterator[Storage]:
+    s = Storage(module_url, on_busy="wait")
+    yield s
+    await close_runs(s)
+    await s.close()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def worker(storage: Storage, module_dir: Path) -> AsyncIterator[Worker]:
+    w = Worker(
+        [bg.make_agent(storage), bg.make_approver(storage)],
+        storage=storage,
+        heartbeat_secs=0.2,
+        stalled_after_secs=1.0,
+    )
+    task = asyncio.create_task(w.run())
+    yield w
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_submit_is_run_by_the_worker(storage: Storage, worker: Worker, workdir: Path) -> None:
+    thread = bg.make_agent(storage).thread("pg-1", actor="ada")
+    handle = await thread.submit("hello")
+    reply = await handle.reply()
+    assert reply.text == "done: rested"
+    assert reply.run_id == handle.id
+    info = await handle.status()
+    assert info.status == "succeeded"
+    assert info.attempts == 1
+    assert info.worker == worker.name
+    assert info.job_id is not None and info.first_started_at_ms is not None
+    assert [line[0] for line in bg.ledger(workdir)] == ["nap"]
+    # The reply read back from the thread is the one the run saved.
+    assert (await thread.messages())[-1]["content"] == "done: rested"
+    assert reply.checkpoint_id == (await thread.history(limit=1))[0]["id"]
+
+
+async def test_runs_of_one_thread_in_order_others_alongside(
+    storage: Storage, worker: Worker, workdir: Path
+) -> None:
+    agent = bg.make_agent(storage)
+    handles = [await agent.thread("ordered").submit(f"seq {n}") for n in range(4)]
+    handles += [await agent.thread(f"other-{n}").submit(f"seq {10 + n}") for n in range(3)]
+    for h in handles:
+        await h.reply()
+    events = [line[0] for line in bg.ledger(workdir) if line[1] == "ordered"]
+    assert events == [e for n in range(4) for e in (f"start-{n}", f"end-{n}")]
+    users = [m["content"] for m in await agent.thread("ordered").messages() if m["role"] == "user"]
+    assert users == [f"seq {n}" for n in range(4)]
+
+
+async def test_approval_from_another_handle_is_run_by_the_worker(
+    storage: Storage, worker: Worker, workdir: Path
+) -> None:
+    thread = bg.make_approver(storage).thread("appr")
+    asked = await (await thread.submit("nap please")).reply()
+    assert asked.needs_approval
+    assert bg.ledger(workdir) == []
+    done = await (await thread.submit_approve(expected=asked)).reply()
+    assert done.text == "done: rested"
+    assert [line[0] for line in bg.ledger(workdir)] == ["nap"]
+
+
+async def test_unknown_agent_fails_the_run_and_the_worker_goes_on(
+    storage: Storage, worker: Worker, workdir: Path
+) -> None:
+    stranger = Agent(FakeModel(["hi"]), storage=storage, name="stranger")
+    handle = await stranger.thread("s-1").submit("hello")
+    with pytest.raises(RunFailedError) as exc:
+        await handle.reply()
+    assert exc.value.code == "unknown_agent"
+    assert "stranger" in str(exc.value) and "bg-approver" in str(exc.value)
+    info = await handle.status()
+    assert (info.status, info.error_code) == ("failed", "unknown_agent")
+    # Nothing was written to the thread; the worker serves the next run.
+    assert await stranger.thread("s-1").history() == []
+    ok = await bg.make_agent(storage).thread("s-2").submit("hello")
+    assert (await ok.reply()).text == "done: rested"
+
+
+async def test_unreadable_payload_fails_the_job_and_the_worker_goes_on(
+    storage: Storage, worker: Worker, workdir: Path
+) -> None:
+    from criogen_graph._background_pg import QUEUE, TASK, pg_queue
+
+    queue = await pg_queue(storage)
+    await queue.app.configure_task(TASK, queue=QUEUE).defer_async(
+        payload={"v": 99, "id": "from-the-future-1", "thread_id": "t"}
+    )
+    await queue.app.configure_task(TASK, queue=QUEUE).defer_async(payload="not an object")
+    # A payload naming another job's run id leaves that run's record alone.
+    earlier = await bg.make_agent(storage).thread("keep-me").submit("hello")
+    assert (await earlier.reply()).text == "done: rested"
+    await queue.app.configure_task(TASK, queue=QUEUE).defer_async(
+        payload={"v": 1, "id": earlier.id, "thread_id": "keep-me", "agent": "bg-agent"}
+    )
+    ok = await bg.make_agent(storage).thread("after-bad").submit("hello")
+    assert (await ok.reply()).text == "done: rested"
+    future = await get_run(storage, "from-the-future-1")
+    while future is None or not future.done:
+        await asyncio.sleep(0.05)
+        future = await get_run(storage, "from-the-future-1")
+    assert (future.status, future.error_code) == ("failed", "bad_payload")
+    assert "version 99" in (future.error or "")
+
+    def unreadable(runs: list[Any]) -> list[Any]:
+        return [r for r in runs if r.error_code == "bad_payload"]
+
+    failed = unreadable(await list_runs(storage, status="failed"))
+    while len(failed) < 3:
+        await asyncio.sleep(0.05)
+        failed = unreadable(await list_runs(storage, status="failed"))
+    assert any("belongs to another job" in (f.error or "") for f in failed)
+    assert (await earlier.status()).status == "succeeded"
+    assert (await earlier.status()).attempts == 1
+
+
+async def test_cancel_a_running_run(storage: Storage, worker: Worker, workdir: Path) -> None:
+    thread = bg.make_agent(storage).thread("cancel-me")
+    handle = await thread.submit("kill")
+    # The ledger is a file the tool appends to: polled, as another process would.
+    while not any(line[0] == "slow-started" for line in bg.ledger(workdir)):  # noqa: ASYNC110
+        await asyncio.sleep(0.02)
+    queued = await thread.submit("after")
+    assert await handle.cancel() is True
+    with pytest.raises(RunFailedError) as exc:
+        await handle.reply()
+    assert exc.value.code == "cancelled"
+    # The next run of the thread starts after it, closing the cancelled run.
+    assert (await queued.reply()).text == "done: rested"
+    events = [line[0] for line in bg.ledger(workdir)]
+    assert events.count("fast") == 1 and "slow" not in events
+
+
+async def test_worker_refuses_a_storage_that_is_not_postgresql(tmp_path: Path) -> None:
+    from criogen_graph import ValidationError
+
+    with pytest.raises(ValidationError, match="PostgreSQL"):
+        Worker(bg.make_agent(f"sqlite:///{tmp_path}/x.db"))
+    with pytest.raises(ValidationError, match="stalled_after_secs"):
+        Worker(bg.make_agent("postgresql://x@127.0.0.1/y"), heartbeat_secs=5, stalled_after_secs=1)
+
+
+async def test_encrypted_storage_queues_no_plaintext_and_a_wrong_key_worker_refuses(
+    pg_schema_url: str, workdir: Path
+) -> None:
+    import psycopg
+
+    from criogen_graph import StorageError
+
+    secret = "the vault code is 4711-ÜNICODE"
+    async with Storage(pg_schema_url, encryption_key="right key") as storage:
+        handle = await bg.make_agent(storage).thread("sealed").submit(secret, state={"pin": "9"})
+        async with await psycopg.AsyncConnection.connect(pg_schema_url) as conn:
+            cur = await conn.execute("SELECT args::text FROM procrastinate_jobs")
+            rows = [r[0] for r in await cur.fetchall()]
+        assert len(rows) == 1
+        assert "4711" not in rows[0] and "vault" not in rows[0] and '"pin"' not in rows[0]
+        # A worker given another key (or none) refuses to start, naming the mismatch.
+        for wrong in (
+            Storage(pg_schema_url, encryption_key="wrong key"),
+            Storage(pg_schema_url),
+        ):
+            with pytest.raises(StorageError) as exc:
+                await Worker(bg.make_agent(wrong), storage=wrong).run()
+            assert exc.value.code == "encryption"
+            await wrong.close()
+        assert (await handle.status()).status == "queued"  # nothing lost
+        right = Storage(pg_schema_url, encryption_key="right key", on_busy="wait")
+        task = asyncio.create_task(
+            Worker(bg.make_agent(right), heartbeat_secs=0.2, stalled_after_secs=1.0).run()
+        )
+        try:
+            reply = await handle.reply()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await right.close()
+        assert reply.text == "done: rested"
+        assert (await bg.make_agent(storage).thread("sealed").messages())[0]["content"] == secret
+        await close_runs(storage)

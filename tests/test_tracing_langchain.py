@@ -1,0 +1,357 @@
+"""LangChain callbacks and LangSmith: a handler in a run's config (or LangSmith tracing from
+the environment) sees each model call as a chat-model run and each tool call as a tool run,
+nested under the graph's node runs, with usage, errors, and every text redacted."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import BaseMessage, HumanMessage, ToolMessage
+from langchain_core.outputs import LLMResult
+
+from criogen_graph import Agent, FakeModel, FakeReply, ModelError, Redactor, tool
+
+SECRET = "jane.doe@example.com"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Recorder(BaseCallbackHandler):
+    """Every callback with its run id, parent and payload."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def _add(self, kind: str, run_id: UUID, parent_run_id: UUID | None, **data: Any) -> None:
+        self.events.append({"kind": kind, "run": run_id, "parent": parent_run_id, **data})
+
+    def on_chain_start(
+        self,
+        serialized: Any,
+        inputs: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kw: Any,
+    ) -> None:
+        self._add("chain", run_id, parent_run_id, name=kw.get("name"))
+
+    def on_chat_model_start(
+        self,
+        serialized: Any,
+        messages: list[list[BaseMessage]],
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kw: Any,
+    ) -> None:
+        self._add("chat", run_id, parent_run_id, messages=messages, **kw)
+
+    def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kw: Any) -> None:
+        self._add("llm_end", run_id, kw.get("parent_run_id"), response=response)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kw: Any) -> None:
+        self._add("llm_error", run_id, kw.get("parent_run_id"), error=error)
+
+    def on_tool_start(
+        self,
+        serialized: Any,
+        input_str: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kw: Any,
+    ) -> None:
+        self._add("tool", run_id, parent_run_id, input_str=input_str, serialized=serialized, **kw)
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kw: Any) -> None:
+        self._add("tool_end", run_id, kw.get("parent_run_id"), output=output)
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kw: Any) -> None:
+        self._add("tool_error", run_id, kw.get("parent_run_id"), error=error)
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["kind"] == kind]
+
+
+@tool
+def lookup(order_id: str) -> str:
+    """Look up an order."""
+    return f"order {order_id}: shipped to {SECRET}"
+
+
+@tool
+def broken(note: str) -> str:
+    """Always fails."""
+    raise RuntimeError(f"could not mail {note}")
+
+
+def start(text: str) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}]}
+
+
+async def test_a_handler_sees_chat_model_and_tool_runs_under_the_node_runs() -> None:
+    agent = Agent(
+        FakeModel(
+            [
+                FakeReply.tool_call("lookup", {"order_id": "A-1"}, id="c1"),
+                FakeReply.text("Shipped.", usage={"input_tokens": 40, "output_tokens": 3}),
+            ]
+        ),
+        tools=[lookup],
+    )
+    handler = Recorder()
+    out = await agent.graph.ainvoke(start("where is A-1?"), {"callbacks": [handler]})
+    assert out["messages"][-1]["content"] == "Shipped."
+
+    nodes = {e["run"]: e["name"] for e in handler.of("chain")}
+    chats = handler.of("chat")
+    assert len(chats) == 2
+    for chat in chats:
+        assert nodes[chat["parent"]] == "model"
+        assert chat["metadata"]["ls_provider"] == "fake"
+        assert chat["metadata"]["ls_model_name"] == "fake"
+        assert chat["invocation_params"]["model"] == "fake"
+        assert chat["invocation_params"]["tools"][0]["function"]["name"] == "lookup"
+    first = chats[0]["messages"][0]
+    assert isinstance(first[-1], HumanMessage) and first[-1].content == "where is A-1?"
+    # The second call sees the tool call and its result as LangChain messages.
+    second = chats[1]["messages"][0]
+    assert isinstance(second[-1], ToolMessage) and second[-1].tool_call_id == "c1"
+
+    ends = handler.of("llm_end")
+    assert [e["run"] for e in ends] == [c["run"] for c in chats]
+    last: LLMResult = ends[1]["response"]
+    message = last.generations[0][0].message  # type: ignore[attr-defined]
+    assert message.content == "Shipped."
+    assert message.usage_metadata == {"input_tokens": 40, "output_tokens": 3, "total_tokens": 43}
+    assert message.response_metadata["finish_reason"] == "stop"
+    assert last.llm_output is not None and last.llm_output["token_usage"]["total_tokens"] == 43
+    called = ends[0]["response"].generations[0][0].message
+    assert called.tool_calls[0]["name"] == "lookup" and called.tool_calls[0]["id"] == "c1"
+
+    (run,) = handler.of("tool")
+    assert nodes[run["parent"]] == "tools"
+    assert run["name"] == "lookup" and run["tool_call_id"] == "c1"
+    assert run["inputs"] == {"order_id": "A-1"}
+    assert json.loads(run["input_str"]) == {"order_id": "A-1"}
+    (done,) = handler.of("tool_end")
+    assert done["run"] == run["run"]
+    assert isinstance(done["output"], ToolMessage)
+    assert done["output"].content == f"order A-1: shipped to {SECRET}"
+
+
+async def test_model_and_tool_failures_are_error_runs() -> None:
+    handler = Recorder()
+    agent = Agent(
+        FakeModel([FakeReply.tool_call("broken", {"note": "x"}), FakeReply.text("Sorry.")]),
+        tools=[broken],
+    )
+    await agent.graph.ainvoke(start("go"), {"callbacks": [handler]})
+    (failed,) = handler.of("tool_error")
+    assert failed["run"] == handler.of("tool")[0]["run"]
+    assert "could not mail x" in str(failed["error"])
+    assert handler.of("tool_end") == []
+
+    handler = Recorder()
+    agent = Agent(FakeModel([FakeReply.error("bad_request", "no such thing")]))
+    with pytest.raises(ModelError):
+        await agent.graph.ainvoke(start("go"), {"callbacks": [handler]})
+    (error,) = handler.of("llm_error")
+    assert error["run"] == handler.of("chat")[0]["run"]
+    assert isinstance(error["error"], ModelError)
+    assert handler.of("llm_end") == []
+
+
+async def test_every_text_a_handler_receives_is_redacted() -> None:
+    handler = Recorder()
+    agent = Agent(
+        FakeModel(
+            [
+                FakeReply.tool_call("lookup", {"order_id": SECRET}, id="c1"),
+                FakeReply.tool_call("broken", {"note": SECRET}, id="c2"),
+                FakeReply.text(f"Mailed {SECRET}."),
+            ]
+        ),
+        tools=[lookup, broken],
+        redact=Redactor.pii(),
+    )
+    await agent.graph.ainvoke(start(f"write to {SECRET}"), {"callbacks": [handler]})
+    kinds = {e["kind"] for e in handler.events}
+    assert {"chat", "llm_end", "tool", "tool_end", "tool_error"} <= kinds
+    received = repr([e for e in handler.events if e["kind"] != "chain"])
+    assert "write to" in received and "Mailed" in received
+    assert SECRET not in received
+
+
+async def test_no_handler_no_runs_and_the_same_answer() -> None:
+    agent = Agent(
+        FakeModel([FakeReply.tool_call("lookup", {"order_id": "A-1"}), "done"]), tools=[lookup]
+    )
+    out = await agent.graph.ainvoke(start("go"))
+    assert out["messages"][-1]["content"] == "done"
+
+
+# -- LangSmith, from the environment, to a receiver on 127.0.0.1 ---------------------------
+
+
+class LangSmithReceiver:
+    """Speaks enough of LangSmith's API: `/info`, and run ingestion (multipart or batch)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.runs: dict[str, dict[str, Any]] = {}
+        self.paths: list[str] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self, body: bytes = b"{}") -> None:
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                self._answer(json.dumps({"version": "0.10.0", "instance_flags": {}}).encode())
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                with receiver.lock:
+                    receiver.paths.append(self.path)
+                    receiver.bodies.append(body)
+                    receiver.ingest(self.path, self.headers.get("content-type") or "", body)
+                self._answer()
+
+            do_PATCH = do_POST
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def ingest(self, path: str, content_type: str, body: bytes) -> None:
+        if content_type.startswith("multipart/"):
+            parsed = email.message_from_bytes(
+                f"Content-Type: {content_type}\r\n\r\n".encode() + body,
+                policy=email.policy.HTTP,
+            )
+            for part in parsed.iter_parts():
+                name = part.get_param("name", header="content-disposition")
+                assert isinstance(name, str)
+                _op, run_id, *field = name.split(".")
+                data = json.loads(part.get_payload(decode=True))
+                run = self.runs.setdefault(run_id, {})
+                if field:
+                    run[field[0]] = data
+                else:
+                    run.update(data)
+        elif path.endswith("/runs/batch"):
+            batch = json.loads(body)
+            for item in [*batch.get("post", []), *batch.get("patch", [])]:
+                self.runs.setdefault(str(item["id"]), {}).update(item)
+        elif path.rstrip("/").endswith("/runs"):
+            item = json.loads(body)
+            self.runs.setdefault(str(item["id"]), {}).update(item)
+
+    def __enter__(self) -> LangSmithReceiver:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def langsmith() -> Iterator[LangSmithReceiver]:
+    with LangSmithReceiver() as receiver:
+        yield receiver
+
+
+_CHILD = textwrap.dedent(
+    """
+    import asyncio
+    from langchain_core.tracers.langchain import wait_for_all_tracers
+    from criogen_graph import Agent, FakeModel, FakeReply, Redactor, tool
+
+    SECRET = "jane.doe@example.com"
+
+    @tool
+    def lookup(order_id: str) -> str:
+        '''Look up an order.'''
+        return f"order {order_id}: shipped to {SECRET}"
+
+    agent = Agent(
+        FakeModel([
+            FakeReply.tool_call("lookup", {"order_id": SECRET}, id="c1"),
+            FakeReply.text(f"Shipped to {SECRET}.", usage={"input_tokens": 40, "output_tokens": 3}),
+        ]),
+        tools=[lookup],
+        redact=Redactor.pii(),
+        name="support",
+    )
+    print(asyncio.run(agent.thread("t-1").send(f"where is my order? {SECRET}")).text)
+    wait_for_all_tracers()
+    """
+)
+
+
+def test_langsmith_tracing_from_the_environment_shows_model_and_tool_runs(
+    langsmith: LangSmithReceiver, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "LANGSMITH_TRACING": "true",
+        "LANGSMITH_ENDPOINT": langsmith.url,
+        "LANGSMITH_API_KEY": "lsv2-test-key",
+        "LANGSMITH_PROJECT": "criogen-test",
+        "PYTHONPATH": str(ROOT),
+    }
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Shipped to" in done.stdout
+
+    runs = langsmith.runs
+    by_type: dict[str, list[dict[str, Any]]] = {}
+    for run in runs.values():
+        by_type.setdefault(run.get("run_type", "?"), []).append(run)
+    chains = {str(r["id"]): r["name"] for r in by_type["chain"]}
+    llms = by_type["llm"]
+    assert len(llms) == 2
+    for llm in llms:
+        assert chains[str(llm["parent_run_id"])] == "model"
+        assert llm["extra"]["metadata"]["ls_model_name"] == "fake"
+        assert llm["inputs"]["messages"]
+        assert llm.get("end_time") and not llm.get("error")
+    answered = [r for r in llms if "Shipped to" in json.dumps(r["outputs"])]
+    assert len(answered) == 1
+    usage = json.dumps(answered[0]["outputs"])
+    assert '"input_tokens": 40' in usage and '"output_tokens": 3' in usage
+    (tool_run,) = by_type["tool"]
+    assert tool_run["name"] == "lookup"
+    assert chains[str(tool_run["parent_run_id"])] == "tools"
+    assert "shipped to" in json.dumps(tool_run["outputs"])
+    everything = b"".join(langsmith.bodies)
+    assert SECRET.encode() not in everything
