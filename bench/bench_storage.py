@@ -10,7 +10,13 @@ calls `echo`, then answers "done"); ms per turn = ms per run / 2. The baselines 
 pool / `PostgresSaver` on one connection. Then the growth test: one thread, 100 user
 messages of ~2 KB (two turns each): SQLite file size and the first vs last 10 turns.
 
+At equal durability: `--synchronous normal` (the default) puts every SQLite file, ours
+and LangGraph's savers', on WAL + `synchronous=NORMAL`; `--synchronous full` puts all of
+them on WAL + `synchronous=FULL` (ours through `sqlite:///x.db?synchronous=full`, theirs
+through `PRAGMA synchronous` on their connection after `setup()`).
+
     python bench/bench_storage.py [--blocks 8] [--runs 25] [--pg URL | --no-pg] [--growth 100]
+        [--synchronous normal|full]
 """
 
 from __future__ import annotations
@@ -54,7 +60,8 @@ async def per_turn(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     closers: list[Callable[[], Awaitable[None]]] = []
     variants: dict[str, Callable[[], Awaitable[None]]] = {}
 
-    ours_sqlite = Storage(f"sqlite:///{tmp}/ours.db")
+    sync = args.synchronous
+    ours_sqlite = Storage(f"sqlite:///{tmp}/ours.db?synchronous={sync}")
     await ours_sqlite.open()
     closers.append(ours_sqlite.close)
     agent = our_agent(ours_sqlite)
@@ -66,6 +73,8 @@ async def per_turn(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     conn = sqlite3.connect(f"{tmp}/lc-sync.db", check_same_thread=False)
     saver = SqliteSaver(conn)
     saver.setup()
+    conn.execute(f"PRAGMA synchronous={sync.upper()}")
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == {"normal": 1, "full": 2}[sync]
     lc_sync = create_agent(scripted_chat_model(), [lc_echo()], checkpointer=saver)
 
     async def lc_sync_run() -> None:
@@ -77,6 +86,11 @@ async def per_turn(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     acm = AsyncSqliteSaver.from_conn_string(f"{tmp}/lc-async.db")
     asaver = await acm.__aenter__()
     await asaver.setup()
+    async with asaver.conn.execute(f"PRAGMA synchronous={sync.upper()}"):
+        pass
+    async with asaver.conn.execute("PRAGMA synchronous") as cur:
+        row = await cur.fetchone()
+        assert row is not None and row[0] == {"normal": 1, "full": 2}[sync]
     closers.append(lambda: acm.__aexit__(None, None, None))
     lc_async = create_agent(scripted_chat_model(), [lc_echo()], checkpointer=asaver)
 
@@ -183,11 +197,13 @@ def main() -> None:
     ap.add_argument("--pg", default=PG_DEFAULT)
     ap.add_argument("--no-pg", action="store_true")
     ap.add_argument("--growth", type=int, default=100)
+    ap.add_argument("--synchronous", choices=["normal", "full"], default="normal")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.no_pg:
         args.pg = None
     print("# machine:", json.dumps(machine()))
+    print(f"# every SQLite file on WAL + synchronous={args.synchronous.upper()}")
     tmp = tempfile.mkdtemp(prefix="criogen-bench-")
     per = asyncio.run(per_turn(args, tmp))
     print(f"\n{'durable turn (fresh thread per run)':44s} {'median ms/turn':>15s}")
@@ -202,6 +218,7 @@ def main() -> None:
     print(f"{'ratio sqlite streamed / send':44s} {r_stream:15.2f}   (target <= 1.30)")
     result: dict[str, Any] = {
         "machine": machine(),
+        "synchronous": args.synchronous,
         "ms_per_turn": per,
         "ratio_sqlite_sync": r_sync,
         "ratio_sqlite_async": r_async,

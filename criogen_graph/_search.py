@@ -1,20 +1,23 @@
-"""Ranking texts for memory recall and collection search: BM25 over words by default,
-cosine similarity when an embedding function is given. Runs in Python over one
-namespace's items, so it works on every storage (no vector extension needed)."""
+"""Helpers of memory recall and collection search: words, snippets, and embeddings
+(calling the user's function, checking its vectors, ranking by cosine similarity in a
+worker thread). Keyword search is an index in the database: see `_fts`."""
 
 from __future__ import annotations
 
+import asyncio
+import heapq
 import inspect
 import math
 import re
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+
+from criogen_graph.errors import ValidationError
 
 Embed = Callable[[list[str]], "list[list[float]] | Awaitable[list[list[float]]]"]
 
 _WORD = re.compile(r"[\w']+", re.UNICODE)
-_STOP = frozenset(
+STOP_WORDS = frozenset(
     [
         "a",
         "an",
@@ -67,30 +70,7 @@ _STOP = frozenset(
 
 def words(text: str) -> list[str]:
     """Lowercased words, without the commonest English ones."""
-    return [w for w in _WORD.findall(text.lower()) if w not in _STOP]
-
-
-def bm25(query: str, texts: Sequence[str], *, k1: float = 1.2, b: float = 0.75) -> list[float]:
-    """One BM25 score per text (0 when no query word occurs in it)."""
-    q = set(words(query))
-    if not q or not texts:
-        return [0.0] * len(texts)
-    docs = [Counter(words(t)) for t in texts]
-    avg = sum(sum(d.values()) for d in docs) / len(docs) or 1.0
-    n = len(docs)
-    df = {w: sum(1 for d in docs if w in d) for w in q}
-    scores = []
-    for d in docs:
-        length = sum(d.values())
-        score = 0.0
-        for w in q:
-            tf = d.get(w, 0)
-            if not tf:
-                continue
-            idf = math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5))
-            score += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / avg))
-        scores.append(score)
-    return scores
+    return [w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS]
 
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:
@@ -100,17 +80,69 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float:
     return dot / (na * nb) if na and nb else 0.0
 
 
-async def embed_texts(embed: Callable[..., Any], texts: list[str]) -> list[list[float]]:
-    """Call a sync or async embedding function; check what it returns."""
-    out = embed(texts)
-    if inspect.isawaitable(out):
-        out = await out
-    vectors = [list(map(float, v)) for v in out]
+async def embed_texts(
+    embed: Callable[..., Any], texts: list[str], *, dimension: int | None = None
+) -> list[list[float]]:
+    """Call a sync or async embedding function (a sync one in a worker thread: a model
+    must not hold the event loop); check what it returns: one vector per text, all of
+    one dimension (`dimension`, when given: that of the vectors already stored)."""
+    if inspect.iscoroutinefunction(embed):
+        out = await embed(texts)
+    else:
+        out = await asyncio.to_thread(embed, texts)
+        if inspect.isawaitable(out):
+            out = await out
+    try:
+        vectors = [[float(x) for x in v] for v in out]
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(
+            f"the embedding function {_name(embed)} must return a list of vectors (lists "
+            f"of numbers), one per text: {exc}",
+            code="invalid_type",
+        ) from None
     if len(vectors) != len(texts):
-        raise ValueError(
-            f"the embedding function returned {len(vectors)} vectors for {len(texts)} texts"
+        raise ValidationError(
+            f"the embedding function {_name(embed)} returned {len(vectors)} vectors for "
+            f"{len(texts)} texts",
+            code="invalid_value",
+        )
+    dims = {len(v) for v in vectors}
+    if dimension is not None:
+        dims.add(dimension)
+    if len(dims) > 1 or 0 in dims:
+        got = sorted({len(v) for v in vectors})
+        raise ValidationError(
+            f"the embedding function {_name(embed)} returned vectors of dimension "
+            f"{', '.join(map(str, got))}"
+            + (
+                f", but the vectors stored are of dimension {dimension}: use the embedding "
+                "function (the model) they were made with, or a new collection or namespace"
+                if dimension is not None
+                else ": every vector must have the same, non-zero dimension"
+            ),
+            code="invalid_value",
         )
     return vectors
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return repr(getattr(fn, "__qualname__", None) or type(fn).__name__)
+
+
+def _rank(
+    query: Sequence[float], items: Sequence[tuple[str, Sequence[float]]], limit: int
+) -> list[tuple[str, float]]:
+    scored = ((cosine(query, vec), key) for key, vec in items)
+    best = heapq.nsmallest(limit, scored, key=lambda p: (-p[0], p[1]))
+    return [(key, score) for score, key in best if score > 0]
+
+
+async def rank_vectors(
+    query: Sequence[float], items: Sequence[tuple[str, Sequence[float]]], limit: int
+) -> list[tuple[str, float]]:
+    """The `limit` keys whose vectors are most similar to `query` (cosine, > 0), best
+    first, computed in a worker thread."""
+    return await asyncio.to_thread(_rank, query, items, limit)
 
 
 def snippet(text: str, query: str, width: int = 240) -> str:

@@ -6,7 +6,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from criogen_graph._search import bm25, cosine, embed_texts, snippet
+from criogen_graph import _fts
+from criogen_graph._search import embed_texts, rank_vectors, snippet
 from criogen_graph.errors import ValidationError
 from criogen_graph.memory import check_label
 from criogen_graph.storage import Storage
@@ -24,10 +25,18 @@ class CollectionTool(Tool):
     Manage the documents from code: `await docs.add(id, text, metadata=...)`,
     `update(...)`, `remove(id)`, `get(id)`, `ids()`. The model calls the tool with
     `{"query": ..., "limit"?: ...}` and gets the best matches as `{"id", "score", "text"
-    (a snippet around the match), "metadata"}`. Ranking is keyword (BM25) unless `embed`
-    is given (a sync or async function from texts to vectors), then cosine similarity.
-    Search reads the whole collection, so it suits collections of up to some thousands of
-    documents; bigger corpora belong in a vector database behind a tool of your own.
+    (a snippet around the match), "metadata"}`.
+
+    Search is keyword search in an index of the database: SQLite FTS5 (porter stemming)
+    on `sqlite:`, PostgreSQL full-text search (`english` configuration) on `postgres:`,
+    an in-process FTS5 index on `memory://`; words match in any form ("refund" finds
+    "Refunds are possible…"), ranked by BM25 (SQLite) or `ts_rank` (PostgreSQL). Only
+    the first 10,000 characters and 64 distinct words of a query count; operator
+    characters are read as text. With `embed` (a sync or async function from a list of
+    texts to vectors) ranking is by cosine similarity instead, computed in a worker
+    thread over at most `max_documents` documents; every vector of a collection must have
+    one dimension. On an encrypted storage the database holds no readable text, so each
+    search indexes up to `max_documents` documents in a worker thread.
     """
 
     def __init__(
@@ -83,7 +92,17 @@ class CollectionTool(Tool):
 
     # -- managing documents ------------------------------------------------------------------
 
-    async def _value(self, text: str, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    async def _dimension(self, store: Any, skip: str | None = None) -> int | None:
+        """The dimension of the embeddings the collection holds, or None."""
+        for item in await store.asearch(self._ns, limit=2):
+            vec = item.value.get("embedding") if isinstance(item.value, dict) else None
+            if item.key != skip and isinstance(vec, list):
+                return len(vec)
+        return None
+
+    async def _value(
+        self, text: str, metadata: Mapping[str, Any] | None, store: Any, doc_id: str
+    ) -> dict[str, Any]:
         if not isinstance(text, str) or not text.strip():
             raise ValidationError("a document needs non-empty text", code="invalid_value")
         value: dict[str, Any] = {
@@ -92,7 +111,8 @@ class CollectionTool(Tool):
             "updated_ms": int(time.time() * 1000),
         }
         if self.embed is not None:
-            value["embedding"] = (await embed_texts(self.embed, [text]))[0]
+            dim = await self._dimension(store, skip=doc_id)
+            value["embedding"] = (await embed_texts(self.embed, [text], dimension=dim))[0]
         return value
 
     @staticmethod
@@ -111,7 +131,9 @@ class CollectionTool(Tool):
                 f"collection {self.collection!r} already has a document {doc_id!r}; use update()",
                 code="invalid_value",
             )
-        await store.aput(self._ns, doc_id, await self._value(text, metadata), index=False)
+        value = await self._value(text, metadata, store, doc_id)
+        await store.aput(self._ns, doc_id, value, index=False)
+        await _fts.noted(store, self._ns, doc_id, value["text"])
 
     async def update(
         self, doc_id: str, text: str | None = None, *, metadata: Mapping[str, Any] | None = None
@@ -126,7 +148,9 @@ class CollectionTool(Tool):
             )
         new_text = item.value["text"] if text is None else text
         new_meta = item.value.get("metadata") if metadata is None else metadata
-        await store.aput(self._ns, doc_id, await self._value(new_text, new_meta), index=False)
+        value = await self._value(new_text, new_meta, store, doc_id)
+        await store.aput(self._ns, doc_id, value, index=False)
+        await _fts.noted(store, self._ns, doc_id, value["text"])
 
     async def remove(self, doc_id: str) -> bool:
         """Delete a document; False if there was none."""
@@ -134,6 +158,7 @@ class CollectionTool(Tool):
         if await store.aget(self._ns, self._check_id(doc_id)) is None:
             return False
         await store.adelete(self._ns, doc_id)
+        await _fts.noted(store, self._ns, doc_id, None)
         return True
 
     async def get(self, doc_id: str) -> dict[str, Any] | None:
@@ -159,25 +184,32 @@ class CollectionTool(Tool):
 
     async def search(self, query: str, *, limit: int | None = None) -> list[dict[str, Any]]:
         """What the tool returns for `query`: the best matches, best first."""
-        docs = await self._documents()
-        if not docs:
-            return []
-        if self.embed is not None and all("embedding" in v for _, v in docs):
-            (q,) = await embed_texts(self.embed, [query])
-            scores = [cosine(q, v["embedding"]) for _, v in docs]
-        else:
-            scores = bm25(query, [v["text"] for _, v in docs])
-        ranked = sorted(zip(scores, docs, strict=True), key=lambda p: (-p[0], p[1][0]))
-        return [
-            {
-                "id": doc_id,
-                "score": round(score, 4),
-                "text": snippet(value["text"], query, self.snippet_chars),
-                "metadata": value.get("metadata", {}),
-            }
-            for score, (doc_id, value) in ranked[: limit or self.limit]
-            if score > 0
-        ]
+        if not isinstance(query, str) or not query.strip():
+            raise ValidationError("a search query must be a non-empty str", code="invalid_value")
+        count = limit or self.limit
+        store = await self.storage.get_store()
+        if self.embed is not None:
+            docs = await self._documents()
+            vectors = [(k, v["embedding"]) for k, v in docs if isinstance(v.get("embedding"), list)]
+            if vectors and len(vectors) == len(docs):
+                (q,) = await embed_texts(
+                    self.embed, [query[: _fts.MAX_QUERY_CHARS]], dimension=len(vectors[0][1])
+                )
+                values = dict(docs)
+                return [
+                    self._result(key, score, values[key], query)
+                    for key, score in await rank_vectors(q, vectors, count)
+                ]
+        found = await _fts.search(store, self._ns, query, count, max_items=self.max_documents)
+        return [self._result(key, score, value, query) for key, score, value in found]
+
+    def _result(self, key: str, score: float, value: dict[str, Any], query: str) -> dict[str, Any]:
+        return {
+            "id": key,
+            "score": round(score, 4),
+            "text": snippet(value["text"], query[: _fts.MAX_QUERY_CHARS], self.snippet_chars),
+            "metadata": value.get("metadata", {}),
+        }
 
     # -- as a tool ---------------------------------------------------------------------------
 

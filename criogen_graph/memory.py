@@ -10,7 +10,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from criogen_graph._search import bm25, cosine, embed_texts
+from criogen_graph import _fts
+from criogen_graph._search import embed_texts, rank_vectors
 from criogen_graph.errors import ToolError, ValidationError
 from criogen_graph.tools import Tool, ToolArgumentsError, ToolContext
 
@@ -94,11 +95,12 @@ class Memory:
 
     Before each model call the `recall` most relevant facts (to the latest user message)
     are given to the model in a system message, not saved in the transcript; if fewer
-    match, the most recent facts fill the rest. Relevance is keyword (BM25) ranking unless
-    `embed` is given: a function (sync or async) from a list of texts to their vectors,
-    for semantic (cosine) ranking. Unless `tools=False`, the model also gets the tools
-    `remember(fact)`, `forget(fact_id)` and `search_memory(query)`. A pool keeps at most
-    `max_facts` facts (the oldest go first).
+    match, the most recent facts fill the rest. Relevance is keyword ranking in the
+    database's full-text index (FTS5 BM25 on SQLite and memory://, `ts_rank` on
+    PostgreSQL) unless `embed` is given: a function (sync or async) from a list of texts
+    to their vectors, for semantic (cosine) ranking. Unless `tools=False`, the model also
+    gets the tools `remember(fact)`, `forget(fact_id)` and `search_memory(query)`. A pool
+    keeps at most `max_facts` facts (the oldest go first).
     """
 
     def __init__(
@@ -264,20 +266,33 @@ class Memory:
         self, store: Any, pool: tuple[str, ...], query: str, *, limit: int, fill: bool = False
     ) -> list[dict[str, Any]]:
         """The `limit` facts most relevant to `query` (with `fill`, the most recent ones
-        complete the list when fewer match)."""
-        facts = await self.facts(store, pool)
-        if not facts or limit <= 0:
+        complete the list when fewer match): keyword search in the database's index
+        (see `CollectionTool`), or cosine similarity with `embed`, ranked in a worker
+        thread."""
+        if limit <= 0:
             return []
-        if self.embed is not None and all("embedding" in f for f in facts):
-            (q,) = await embed_texts(self.embed, [query])
-            scores = [cosine(q, f["embedding"]) for f in facts]
-        else:
-            scores = bm25(query, [f["text"] for f in facts])
-        ranked = sorted(zip(scores, range(len(facts)), strict=True), key=lambda p: (-p[0], p[1]))
-        chosen = [facts[i] for s, i in ranked if s > 0][:limit]
+        chosen: list[dict[str, Any]] = []
+        facts: list[dict[str, Any]] | None = None
+        if self.embed is not None:
+            facts = await self.facts(store, pool)
+            vectors = [(f["id"], f["embedding"]) for f in facts if "embedding" in f]
+            if facts and len(vectors) == len(facts) and query.strip():
+                (q,) = await embed_texts(
+                    self.embed, [query[: _fts.MAX_QUERY_CHARS]], dimension=len(vectors[0][1])
+                )
+                by_id = {f["id"]: f for f in facts}
+                chosen = [by_id[k] for k, _ in await rank_vectors(q, vectors, limit)]
+            else:
+                facts = None  # (some facts lack a vector: keyword search for all)
+        if facts is None:
+            found = await _fts.search(
+                store, pool, query, limit, max_items=self.max_facts + 50, keep_local=False
+            )
+            chosen = [{"id": key, **value} for key, _, value in found]
         if fill and len(chosen) < limit:
             ids = {f["id"] for f in chosen}
-            chosen += [f for f in facts if f["id"] not in ids][: limit - len(chosen)]
+            recent = facts if facts is not None else await self.facts(store, pool)
+            chosen += [f for f in recent if f["id"] not in ids][: limit - len(chosen)]
         return [_public(f) for f in chosen]
 
     async def recall_message(

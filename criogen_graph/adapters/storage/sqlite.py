@@ -5,10 +5,12 @@ A saver operation is one function over a `sqlite3` connection (statements, audit
 the commit together). Uncontended, it takes tens of microseconds in WAL mode, less than a
 hop to a worker thread, so it runs inline on a second connection that never waits
 (`busy_timeout=0`); when another writer holds the file it goes to aiosqlite's worker
-thread, which waits the usual 5 s. WAL with `synchronous=NORMAL`: a committed write
-survives the process being killed; only an operating-system crash or power loss can lose
-the last commits. The inline connection does not checkpoint the WAL itself; the worker
-thread does, in the background.
+thread, which waits the usual 5 s. WAL with `synchronous=NORMAL` by default: a committed
+write survives the process being killed; only an operating-system crash or power loss can
+lose the last commits. `?synchronous=full` in the URL makes every commit wait for the
+disk, so it survives those too (every connection of the file gets the setting). The
+inline connection does not checkpoint the WAL itself; the worker thread does, in the
+background.
 """
 
 from __future__ import annotations
@@ -97,9 +99,11 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
         conn: aiosqlite.Connection,
         serde: SerializerProtocol | None,
         fast: sqlite3.Connection | None,
+        synchronous: str = "NORMAL",
     ) -> None:
         super().__init__(conn, serde=serde)
         self._fast = fast
+        self.synchronous = synchronous
         self._inline_commits = 0
         self._wal_task: asyncio.Task[None] | None = None
         self.transcripts = TranscriptCache()
@@ -109,7 +113,7 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
             return
         await super().setup()
         async with self.lock:
-            async with self.conn.execute("PRAGMA synchronous=NORMAL"):
+            async with self.conn.execute(f"PRAGMA synchronous={self.synchronous}"):
                 pass
             # Memory-mapped reads share the operating system's page cache between the two
             # connections, so a commit on one does not leave the other re-reading the file.
@@ -325,9 +329,31 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
         )
 
 
+#: The `synchronous=` URL option: how much a commit waits for the disk (WAL mode).
+SYNCHRONOUS = ("normal", "full")
+
+
+def sqlite_synchronous(url: str) -> str:
+    """The `synchronous` option of a `sqlite:` URL (`?synchronous=normal`, the default,
+    or `full`), upper-cased for the PRAGMA; `StorageError` for any other value."""
+    from urllib.parse import parse_qs
+
+    query = url.split("?", 1)[1] if "?" in url else ""
+    values = parse_qs(query, keep_blank_values=True).get("synchronous", ["normal"])
+    value = values[-1].strip().lower()
+    if len(values) > 1 or value not in SYNCHRONOUS:
+        raise StorageError(
+            f"SQLite URL option synchronous={values[-1]!r} is not one of normal (the "
+            "default: a commit survives the process being killed) or full (it also "
+            "survives an operating-system crash or power loss)",
+            code="invalid_url",
+        )
+    return value.upper()
+
+
 def parse_sqlite_url(url: str) -> str:
     """The file path of a `sqlite:` URL: `sqlite:///relative.db`, `sqlite:////abs.db`,
-    or `sqlite://x.db` as the seeds write it."""
+    or `sqlite://x.db` as the seeds write it (its options are checked too)."""
     rest = url[len("sqlite:") :]
     if rest.startswith("///"):
         path = rest[3:]
@@ -345,6 +371,7 @@ def parse_sqlite_url(url: str) -> str:
             "sqlite:////abs/path.db",
             code="invalid_url",
         )
+    sqlite_synchronous(url)
     return path
 
 
@@ -395,7 +422,7 @@ async def _setting_up(path: str) -> AsyncIterator[None]:
         os.close(fd)  # (closing the file releases its lock)
 
 
-def _fast_connection(path: str) -> sqlite3.Connection | None:
+def _fast_connection(path: str, synchronous: str = "NORMAL") -> sqlite3.Connection | None:
     """The inline connection (see the module docstring); None for `:memory:`."""
     if path == ":memory:":
         return None
@@ -403,7 +430,7 @@ def _fast_connection(path: str) -> sqlite3.Connection | None:
     # file); afterwards it never waits: a busy file sends the call to the worker thread.
     fast = sqlite3.connect(path, timeout=OPEN_WAIT_SECS, check_same_thread=False)
     try:
-        fast.execute("PRAGMA synchronous=NORMAL")
+        fast.execute(f"PRAGMA synchronous={synchronous}")
         fast.execute("PRAGMA wal_autocheckpoint=0")
         fast.execute(f"PRAGMA mmap_size={MMAP_BYTES}").fetchall()
         fast.execute("PRAGMA busy_timeout=0")
@@ -430,6 +457,35 @@ def _open_error(path: str, exc: BaseException) -> StorageError:
     return StorageError(f"cannot write SQLite file {path!r}: {reason}", code="unwritable")
 
 
+def _store_class() -> type[Any]:
+    from langgraph.store.sqlite.aio import AsyncSqliteStore
+
+    class Store(AsyncSqliteStore):
+        """`AsyncSqliteStore` whose transactions take the write lock first (`BEGIN
+        IMMEDIATE`, waiting the busy timeout): its batches read before they write, and a
+        deferred transaction that read before another connection (the saver's) committed
+        fails at once with "database is locked" when it then writes."""
+
+        @contextlib.asynccontextmanager
+        async def _cursor(self, *, transaction: bool = True) -> AsyncIterator[aiosqlite.Cursor]:
+            if not self.is_setup:
+                await self.setup()
+            async with self.lock:
+                if transaction:
+                    await self.conn.execute("BEGIN IMMEDIATE")
+                async with self.conn.cursor() as cur:
+                    try:
+                        yield cur
+                    except BaseException:
+                        if transaction:
+                            await self.conn.execute("ROLLBACK")
+                        raise
+                    if transaction:
+                        await self.conn.execute("COMMIT")
+
+    return Store
+
+
 class SqliteBackend(Backend):
     """Opening does its file work (directories, the inline connection, the key check) in
     worker threads, so a storage first used inside a graph node (a `CollectionTool` in
@@ -438,6 +494,7 @@ class SqliteBackend(Backend):
 
     def __init__(self, url: str, serde: SerializerProtocol | None) -> None:
         self.path = parse_sqlite_url(url)
+        self.synchronous = sqlite_synchronous(url)
         self._serde = serde
         self._conn: aiosqlite.Connection | None = None
         self._store_conn: aiosqlite.Connection | None = None
@@ -468,11 +525,11 @@ class SqliteBackend(Backend):
         self._conn = conn
         fast: sqlite3.Connection | None = None
         try:
-            saver = _Saver(conn, self._serde, None)
+            saver = _Saver(conn, self._serde, None, self.synchronous)
             async with _setting_up(self.path):
                 await saver.setup()
             # Opened once the tables exist, so the schema it caches has them.
-            fast = await asyncio.to_thread(_fast_connection, self.path)
+            fast = await asyncio.to_thread(_fast_connection, self.path, self.synchronous)
             saver.set_fast(fast)
             # Fails now, not mid-run, on a file that cannot be written.
             await conn.execute("BEGIN IMMEDIATE")
@@ -496,14 +553,16 @@ class SqliteBackend(Backend):
     async def open_store(self) -> Any:
         if self.store is None:
             import_once("langgraph.store.sqlite.aio")
-            from langgraph.store.sqlite.aio import AsyncSqliteStore
+            _Store = _store_class()
 
             # Its own connection (in autocommit mode: the store issues its own BEGIN), so
             # the store's statements never interleave with the saver's.
             conn = aiosqlite.connect(self.path, isolation_level=None)
             conn._thread.daemon = True
             await conn
-            store = AsyncSqliteStore(conn)
+            async with conn.execute(f"PRAGMA synchronous={self.synchronous}"):
+                pass
+            store = _Store(conn)
             try:
                 async with _setting_up(self.path):
                     await store.setup()
