@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import marshal
 from collections.abc import Callable, Mapping, Sequence
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from criogen_graph._aio import cancel_pending
 from criogen_graph.errors import CriogenError, ValidationError
 
 __all__ = ["Hook", "HookAction", "HookContext", "ToolCall", "ToolResult"]
@@ -360,3 +362,25 @@ async def call_hook(fn: Callable[..., Any], *args: Any) -> Any:
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+async def call_run_hook(name: str, method: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a hook method of the run (`on_start`, `before_model`, `after_model`): its raise,
+    or an `asyncio.CancelledError` of its own while the run is not being cancelled, fails
+    the run with `HookFailedError`."""
+    try:
+        return await call_hook(fn, *args)
+    except asyncio.CancelledError as exc:
+        if cancel_pending():
+            raise
+        raise HookFailedError(
+            f"hook {name!r} raised asyncio.CancelledError in {method} (the run was not cancelled)",
+            hook=name,
+            method=method,
+        ) from exc
+    except Exception as exc:
+        raise HookFailedError(
+            f"hook {name!r} raised in {method}: {type(exc).__name__}: {exc}",
+            hook=name,
+            method=method,
+        ) from exc

@@ -271,3 +271,63 @@ async def test_a_failing_on_start_keeps_the_message_and_retry_runs_it_again() ->
     assert [m["content"] for m in await thread.messages()] == ["hello"]
     reply = await thread.retry()
     assert reply.text == "ack hello" and calls["n"] == 2
+
+
+async def test_cancelled_at_every_loop_iteration_on_end_runs_exactly_once_per_started_run() -> None:
+    """A LangGraph-driven run cancelled after k event-loop iterations, for every k until it
+    outlives the cancellation: a run whose on_start ran gets exactly one on_end ("failed"
+    when cut, "completed" otherwise), one that never started gets none."""
+    rec = Recorder()
+
+    @tool
+    async def quick(n: int) -> str:
+        """Returns at once."""
+        return str(n)
+
+    def script(messages: list[dict[str, Any]], tools: Any) -> Any:
+        if messages[-1]["role"] == "user":
+            return FakeReply.tool_call("quick", {"n": 0})
+        return "done"
+
+    agent = Agent(FunctionModel(script), tools=[quick], hooks=[rec])
+    graph = agent.graph.builder.compile(checkpointer=InMemorySaver(), store=InMemoryStore())
+    finished = 0
+    for k in range(5000):
+        rec.log.clear()
+        task = asyncio.ensure_future(
+            graph.ainvoke({"messages": [{"role": "user", "content": "go"}]}, _cfg(f"k-{k}"))
+        )
+        for _ in range(k):
+            await asyncio.sleep(0)
+        task.cancel()
+        try:
+            await task
+            finished += 1
+        except asyncio.CancelledError:
+            pass
+        starts = [e for e in rec.log if e[0] == "start"]
+        ends = [e for e in rec.log if e[0] == "end"]
+        assert len(starts) <= 1 and len(ends) == len(starts), (k, rec.log)
+        if task.cancelled() and ends:
+            assert ends == [("end", "failed")], (k, rec.log)
+        if finished:
+            assert ends == [("end", "completed")], (k, rec.log)
+            break
+    assert finished == 1  # the sweep reached a run the cancellation came too late for
+
+
+@pytest.mark.parametrize(
+    "thread_id",
+    ["a.b%c", "nul\x00inside", "émoji 🧾 ünïcode", "x" * 3000, ".", "%2E"],
+)
+async def test_audit_in_a_store_under_odd_thread_ids(thread_id: str) -> None:
+    agent = Agent(FunctionModel(lambda m, t: "ok"))
+    store = InMemoryStore()
+    graph = agent.graph.builder.compile(checkpointer=InMemorySaver(), store=store)
+    await graph.ainvoke({"messages": [{"role": "user", "content": "hi"}]}, _cfg(thread_id))
+    records = await read_audit(store, thread_id)
+    assert [(r["action"], r["thread_id"]) for r in records] == [("send", thread_id)]
+    # Ids that encode alike would share a namespace: "." and "%2E" must not.
+    others = {".": "%2E", "%2E": "."}
+    if thread_id in others:
+        assert await read_audit(store, others[thread_id]) == []

@@ -14,7 +14,6 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_stream_writer
 from langgraph.types import Command, Overwrite, Send
 
-from criogen_graph._aio import cancel_pending
 from criogen_graph._callbacks import report_chat
 from criogen_graph._observe import run_redactor, run_spans
 from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
@@ -23,7 +22,7 @@ from criogen_graph.hooks import (
     HookAction,
     HookContext,
     HookFailedError,
-    call_hook,
+    call_run_hook,
     copied_messages,
 )
 from criogen_graph.nodes.segment import RunSegment, segment_of
@@ -442,24 +441,7 @@ class ModelNode:
         ctx = HookContext.of_run(
             run["run_id"], transcript, run["model_calls"], hook_states.get(name), user_state
         )
-        try:
-            action = await call_hook(fn, ctx)
-        except asyncio.CancelledError as exc:
-            if cancel_pending():
-                raise
-            # Raised by the hook itself, the run not being cancelled: a failure.
-            raise HookFailedError(
-                f"hook {name!r} raised asyncio.CancelledError in {method} (the run was not "
-                "cancelled)",
-                hook=name,
-                method=method,
-            ) from exc
-        except Exception as exc:
-            raise HookFailedError(
-                f"hook {name!r} raised in {method}: {type(exc).__name__}: {exc}",
-                hook=name,
-                method=method,
-            ) from exc
+        action = await call_run_hook(name, method, fn, ctx)
         if action is None:
             return None
         if not isinstance(action, HookAction):

@@ -27,7 +27,13 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 
 from criogen_graph._aio import cancel_pending
-from criogen_graph.hooks import HookAction, HookContext, HookFailedError, call_hook
+from criogen_graph.hooks import (
+    HookAction,
+    HookContext,
+    HookFailedError,
+    call_hook,
+    call_run_hook,
+)
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.redact import logger
 
@@ -179,23 +185,7 @@ async def run_on_start(
     states = dict(hook_states)
     for name, fn in spec.hooks.on_start:
         ctx = HookContext.of_run(run_id, messages, 0, states.get(name), state)
-        try:
-            action = await call_hook(fn, ctx)
-        except asyncio.CancelledError as exc:
-            if cancel_pending():
-                raise
-            raise HookFailedError(
-                f"hook {name!r} raised asyncio.CancelledError in on_start (the run was "
-                "not cancelled)",
-                hook=name,
-                method="on_start",
-            ) from exc
-        except Exception as exc:
-            raise HookFailedError(
-                f"hook {name!r} raised in on_start: {type(exc).__name__}: {exc}",
-                hook=name,
-                method="on_start",
-            ) from exc
+        action = await call_run_hook(name, "on_start", fn, ctx)
         if action is None:
             continue
         if not isinstance(action, HookAction):
