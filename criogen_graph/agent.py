@@ -21,8 +21,9 @@ from criogen_graph.errors import (
 from criogen_graph.hooks import (
     compile_hooks,
 )
+from criogen_graph.middleware import Middleware, check_middleware
 from criogen_graph.nodes.approval import APPROVAL_INTERRUPT
-from criogen_graph.nodes.model import API_RUN
+from criogen_graph.nodes.events import API_RUN
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.nodes.state import new_run
 from criogen_graph.nodes.tools import ToolOutput
@@ -83,6 +84,7 @@ class Agent(Generic[Output]):
         max_retry_after_secs: float = 60,
         telemetry: Any = None,
         hooks: Sequence[Any] = (),
+        middleware: Sequence[Middleware] = (),
         redact: Any = None,
         name: str = "agent",
     ) -> None:
@@ -164,6 +166,7 @@ class Agent(Generic[Output]):
             tool_retry=Retry.coerce(tool_retry, name="tool_retry"),
             max_retry_after_secs=float(max_retry_after_secs),
             hooks=compile_hooks(list(hooks) if not isinstance(hooks, Sequence) else hooks),
+            middleware=check_middleware(middleware),
             name=name,
             sources=sources,
             memory=memory,

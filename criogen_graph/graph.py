@@ -31,7 +31,8 @@ from criogen_graph._aio import uncancelled
 from criogen_graph.adapters.storage.base import SaverMixin
 from criogen_graph.audit import SegmentAudit, answer_action
 from criogen_graph.nodes.approval import ApprovalNode
-from criogen_graph.nodes.model import API_RUN, ModelNode
+from criogen_graph.nodes.events import API_RUN
+from criogen_graph.nodes.model import ModelNode
 from criogen_graph.nodes.segment import SEGMENT_KEY, RunSegment
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.nodes.state import AgentState, normalize_message

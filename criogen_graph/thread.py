@@ -21,7 +21,7 @@ from criogen_graph.errors import (
     ValidationError,
 )
 from criogen_graph.nodes.approval import APPROVAL_INTERRUPT, check_decisions, decision_details
-from criogen_graph.nodes.model import API_RUN, STREAM_SINK
+from criogen_graph.nodes.events import API_RUN, STREAM_SINK
 from criogen_graph.nodes.state import new_run, not_run_messages
 from criogen_graph.redact import CURRENT, effective
 from criogen_graph.results import ApprovalRequest, Decision, PendingApprovals, Reply

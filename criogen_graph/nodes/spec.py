@@ -11,6 +11,7 @@ from criogen_graph.adapters.models.base import Model
 from criogen_graph.approvals import Approval
 from criogen_graph.errors import ValidationError
 from criogen_graph.hooks import CompiledHooks
+from criogen_graph.middleware import Middleware
 from criogen_graph.options import Limits, Retry
 from criogen_graph.tools import Tool, ToolSource
 
@@ -29,6 +30,8 @@ class AgentSpec:
     tool_retry: Retry = field(default_factory=Retry)
     max_retry_after_secs: float = 60
     hooks: CompiledHooks = field(default_factory=CompiledHooks)
+    #: The user's middleware, outermost first.
+    middleware: tuple[Middleware, ...] = ()
     name: str = "agent"
     #: Tools known only at run time; loaded once by `ensure_tools()`.
     sources: tuple[ToolSource, ...] = ()

@@ -22,7 +22,7 @@ from criogen_graph._observe import run_redactor, run_spans
 from criogen_graph.adapters.storage.base import hand_over
 from criogen_graph.errors import LimitExceededError, ToolError, ToolExecutionError
 from criogen_graph.hooks import ToolCall, ToolResult, call_hook, copy_value
-from criogen_graph.nodes.model import Writer, step_of, stream_writer
+from criogen_graph.nodes.events import Writer, step_of, stream_writer
 from criogen_graph.nodes.segment import segment_of
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.tools import Tool, ToolArgumentsError, ToolContext
