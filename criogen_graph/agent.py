@@ -259,6 +259,31 @@ class Agent(Generic[Output]):
             stack.extend(t.agent for t in agent._spec.tools.values() if isinstance(t, AgentTool))
         return self._spec
 
+    def with_storage(self, storage: Storage | str) -> Agent[Output]:
+        """This agent (same model, tools and options) keeping its threads in `storage`;
+        `self` when that is already its storage."""
+        import copy
+
+        if isinstance(storage, str):
+            from criogen_graph.storage import Storage
+
+            storage = Storage(storage)
+        elif not _is_storage(storage):
+            raise TypeError(f"storage must be a Storage or a URL, got {storage!r}")
+        if storage is self._storage:
+            return self
+        clone = copy.copy(self)
+        clone._storage = storage
+        clone._thread_graphs = weakref.WeakKeyDictionary()
+        clone._memory_graph_cache = None
+        return clone
+
+    @property
+    def spec(self) -> AgentSpec:
+        """Internal: the agent's checked, compiled options, for the runtime's own modules
+        (threads, the CLI, background workers). Not a stable interface for users."""
+        return self._spec
+
     @property
     def storage(self) -> Storage:
         """The storage that keeps this agent's threads (in memory unless `storage=` says
