@@ -16,7 +16,16 @@ a call to `echo`, then "done"):
   (what the process keeps for threads that live in the database) and on `memory://` /
   `InMemorySaver` (where the threads themselves live in the process).
 
+With `--workers W --threads T`, instead: many workers on one PostgreSQL. T threads, one
+send each, spread over W worker processes (each with its own pool of 10 connections and
+`--concurrency` sends in flight), ours and then `create_agent` + `AsyncPostgresSaver` the
+same way: wall time (from the moment every worker is ready until the last is done),
+p50 / p99 latency per send and per turn (a send is two turns), errors (sends that raised),
+and the memory (RSS, after `gc.collect()`) each worker still holds per 1,000 threads it
+served, which are idle in the database by then.
+
     python bench/bench_scale.py [--n 1000] [--rounds 3] [--pg URL | --no-pg] [--json out.json]
+    python bench/bench_scale.py --workers 2 --threads 10000 [--concurrency 50] [--pg URL]
 """
 
 from __future__ import annotations
@@ -133,6 +142,187 @@ async def idle_memory(
     return {"first": (first - before) * scale, "further": (further - first) * scale}
 
 
+def rss_mb() -> float:
+    """The process's resident memory now, in MB."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+async def worker_async(kind: str, pg: str, threads: int, concurrency: int) -> dict[str, Any]:
+    """One worker process's share: open its storage (its own pool), warm up, say "ready"
+    on stdout, wait for "go" on stdin, then `threads` sends on fresh threads with
+    `concurrency` in flight. Returns its latencies (ms per send), errors and memory."""
+    if kind == "ours":
+        from criogen_graph import Storage
+
+        storage = Storage(pg, max_connections=10)
+        await storage.open()
+        agent = our_agent(storage)
+
+        async def send() -> None:
+            reply = await agent.thread(uuid.uuid4().hex).send("go")
+            assert reply.text == "done"
+
+        close: Callable[[], Awaitable[None]] = storage.close
+    else:
+        from langchain_core.messages import HumanMessage
+        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+        from psycopg.rows import dict_row
+        from psycopg_pool import AsyncConnectionPool
+
+        pool = AsyncConnectionPool(
+            pg,
+            min_size=1,
+            max_size=10,
+            open=False,
+            kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+        )
+        await pool.open()
+        saver = AsyncPostgresSaver(pool)
+        await saver.setup()
+        graph = lc_graph(saver)
+
+        async def send() -> None:
+            out = await graph.ainvoke(
+                {"messages": [HumanMessage("go")]},
+                {"configurable": {"thread_id": uuid.uuid4().hex}},
+            )
+            assert out["messages"][-1].content == "done"
+
+        close = pool.close
+    for _ in range(20):  # first-use imports, caches, the pool's connections
+        await send()
+    gc.collect()
+    rss0 = rss_mb()
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    latencies: list[float] = []
+    errors: list[str] = []
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one() -> None:
+        async with gate:
+            t0 = time.perf_counter()
+            try:
+                await send()
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}"[:200])
+                return
+            latencies.append((time.perf_counter() - t0) * 1000)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(threads)))
+    wall = time.perf_counter() - t0
+    gc.collect()
+    rss1 = rss_mb()
+    await close()
+    return {
+        "wall_s": wall,
+        "latencies_ms": latencies,
+        "errors": len(errors),
+        "first_errors": errors[:3],
+        "rss_mb_per_1000": (rss1 - rss0) * 1000 / threads,
+    }
+
+
+def run_workers(kind: str, args: argparse.Namespace) -> dict[str, Any]:
+    """`args.workers` processes sharing `args.threads`, started together."""
+    import subprocess
+
+    share = [
+        args.threads // args.workers + (i < args.threads % args.workers)
+        for i in range(args.workers)
+    ]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--worker",
+                kind,
+                "--pg",
+                args.pg,
+                "--threads",
+                str(n),
+                "--concurrency",
+                str(args.concurrency),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for n in share
+    ]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    t0 = time.perf_counter()
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    outs = []
+    for p in procs:
+        out, _ = p.communicate()
+        assert p.returncode == 0, f"a {kind} worker failed ({p.returncode})"
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    wall = time.perf_counter() - t0
+    lat = sorted(x for o in outs for x in o["latencies_ms"])
+
+    def pct(q: float) -> float:
+        return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else float("nan")
+
+    return {
+        "wall_s": wall,
+        "sends_per_s": args.threads / wall,
+        "send_p50_ms": pct(0.50),
+        "send_p99_ms": pct(0.99),
+        "errors": sum(o["errors"] for o in outs),
+        "first_errors": [e for o in outs for e in o["first_errors"]][:3],
+        "rss_mb_per_1000_idle_threads": statistics.fmean(o["rss_mb_per_1000"] for o in outs),
+    }
+
+
+def workers_main(args: argparse.Namespace) -> None:
+    print("# machine:", json.dumps(machine()))
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "workers": args.workers,
+        "threads": args.threads,
+        "concurrency_per_worker": args.concurrency,
+    }
+    names = {"ours": "criogen_graph thread.send", "base": "create_agent + AsyncPostgresSaver"}
+    for kind in ("ours", "base"):
+        result[names[kind]] = run_workers(kind, args)
+    print(
+        f"\n{args.threads} threads, one send each, {args.workers} workers on one PostgreSQL "
+        f"({args.concurrency} in flight per worker)"
+    )
+    head = ["wall s", "sends/s", "p50 ms", "p99 ms", "turn p50", "turn p99", "errors", "MB/1k"]
+    print(f"  {'':36s}" + "".join(f"{h:>10s}" for h in head))
+    for name in names.values():
+        v = result[name]
+        cells = [
+            v["wall_s"],
+            v["sends_per_s"],
+            v["send_p50_ms"],
+            v["send_p99_ms"],
+            v["send_p50_ms"] / 2,
+            v["send_p99_ms"] / 2,
+            v["errors"],
+            v["rss_mb_per_1000_idle_threads"],
+        ]
+        row = "".join(f"{c:10.2f}" if isinstance(c, float) else f"{c:10d}" for c in cells)
+        print(f"  {name:36s}{row}")
+        for e in v["first_errors"]:
+            print(f"    error: {e}")
+    ours, base = (result[n] for n in names.values())
+    print(f"  {'ratio wall ours / baseline':36s}{ours['wall_s'] / base['wall_s']:10.2f}")
+    print("  (MB/1k: RSS a worker still holds per 1,000 threads it served, idle by then)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
@@ -247,7 +437,18 @@ def main() -> None:
     ap.add_argument("--pg", default=PG_DEFAULT)
     ap.add_argument("--no-pg", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--workers", type=int, default=0, help="worker processes on PostgreSQL")
+    ap.add_argument("--threads", type=int, default=10000, help="threads over the workers")
+    ap.add_argument("--concurrency", type=int, default=50, help="sends in flight per worker")
+    ap.add_argument("--worker", choices=["ours", "base"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker:
+        out = asyncio.run(worker_async(args.worker, args.pg, args.threads, args.concurrency))
+        print(json.dumps(out))
+        return
+    if args.workers:
+        workers_main(args)
+        return
     if args.no_pg:
         args.pg = None
     print("# machine:", json.dumps(machine()))

@@ -7,6 +7,7 @@ The small `Agent` / `Thread` / `Reply` / `Hook` API; underneath, a real LangGrap
 from typing import TYPE_CHECKING
 
 from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
+from criogen_graph.adapters.telemetry import Telemetry
 from criogen_graph.agent import Agent, AgentTool
 from criogen_graph.approvals import Approval
 from criogen_graph.audit import read_audit
@@ -31,13 +32,27 @@ from criogen_graph.hooks import (
     ToolCall,
     ToolResult,
 )
+from criogen_graph.messages import (
+    AssistantMessage,
+    ErrorCode,
+    Message,
+    ModelErrorKind,
+    RunRecord,
+    StopReason,
+    SystemMessage,
+    ToolCallData,
+    ToolMessage,
+    ToolStatus,
+    Usage,
+    UserMessage,
+)
 from criogen_graph.options import Limits, Retry
 from criogen_graph.redact import Redactor
 from criogen_graph.results import ApprovalRequest, Decision, PendingApprovals, Reply, RunResult
-from criogen_graph.telemetry import Telemetry
 from criogen_graph.tools import Tool, ToolContext, ToolSource, tool
 
 if TYPE_CHECKING:
+    from criogen_graph.adapters.mcp import McpServer, McpServerError, McpTool
     from criogen_graph.adapters.models.anthropic import AnthropicModel, anthropic
     from criogen_graph.adapters.models.fake import (
         FakeModel,
@@ -63,7 +78,6 @@ if TYPE_CHECKING:
     )
     from criogen_graph.documents import CollectionTool
     from criogen_graph.env import load_env
-    from criogen_graph.mcp import McpServer, McpServerError, McpTool
     from criogen_graph.memory import Memory, MemoryView
     from criogen_graph.storage import Storage
     from criogen_graph.stream import (
@@ -79,7 +93,7 @@ if TYPE_CHECKING:
     )
     from criogen_graph.thread import Thread
 
-__version__ = "0.1.0"
+from criogen_graph._version import __version__
 
 # Loaded on first use, so `import criogen_graph` pays only for what an agent needs:
 # provider factories (httpx), MCP, storage and threads (LangGraph's savers), streams,
@@ -95,13 +109,13 @@ _LAZY = {
     "AnthropicModel": "criogen_graph.adapters.models.anthropic",
     "gemini": "criogen_graph.adapters.models.gemini",
     "GeminiModel": "criogen_graph.adapters.models.gemini",
-    "McpServer": "criogen_graph.mcp",
-    "McpServerError": "criogen_graph.mcp",
-    "McpTool": "criogen_graph.mcp",
-    "FakeModel": "criogen_graph.adapters.models.fake",
-    "FakeReply": "criogen_graph.adapters.models.fake",
-    "FunctionModel": "criogen_graph.adapters.models.fake",
-    "RecordingModel": "criogen_graph.adapters.models.fake",
+    "McpServer": "criogen_graph.adapters.mcp",
+    "McpServerError": "criogen_graph.adapters.mcp",
+    "McpTool": "criogen_graph.adapters.mcp",
+    "FakeModel": "criogen_graph.adapters.models.fake_model",
+    "FakeReply": "criogen_graph.adapters.models.fake_reply",
+    "FunctionModel": "criogen_graph.adapters.models.function_model",
+    "RecordingModel": "criogen_graph.adapters.models.recording_model",
     "CollectionTool": "criogen_graph.documents",
     "load_env": "criogen_graph.env",
     "Memory": "criogen_graph.memory",
@@ -161,10 +175,12 @@ __all__ = [
     "Approval",
     "ApprovalNeededEvent",
     "ApprovalRequest",
+    "AssistantMessage",
     "CancelledError",
     "CollectionTool",
     "CriogenError",
     "Decision",
+    "ErrorCode",
     "FakeModel",
     "FakeReply",
     "FunctionModel",
@@ -180,9 +196,11 @@ __all__ = [
     "McpTool",
     "Memory",
     "MemoryView",
+    "Message",
     "MessageEvent",
     "Model",
     "ModelError",
+    "ModelErrorKind",
     "ModelRequest",
     "ModelResponse",
     "OpenAIModel",
@@ -197,11 +215,14 @@ __all__ = [
     "RunFailedError",
     "RunHandle",
     "RunInfo",
+    "RunRecord",
     "RunResult",
+    "StopReason",
     "Storage",
     "StorageError",
     "Stream",
     "StreamEvent",
+    "SystemMessage",
     "Telemetry",
     "TextEvent",
     "Thread",
@@ -209,13 +230,18 @@ __all__ = [
     "ThreadSuspendedError",
     "Tool",
     "ToolCall",
+    "ToolCallData",
     "ToolCallFinishedEvent",
     "ToolCallStartedEvent",
     "ToolContext",
     "ToolError",
     "ToolExecutionError",
+    "ToolMessage",
     "ToolResult",
     "ToolSource",
+    "ToolStatus",
+    "Usage",
+    "UserMessage",
     "ValidationError",
     "Worker",
     "__version__",

@@ -18,13 +18,13 @@ from criogen_graph.background import (
     QUEUED,
     RUNNING,
     SUCCEEDED,
+    BadPayload,
     RunInfo,
-    _BadPayload,
-    _error_fields,
-    _execute,
-    _read_payload,
-    _result_fields,
-    _UnknownAgent,
+    UnknownAgent,
+    error_fields,
+    execute,
+    read_payload,
+    result_fields,
 )
 from criogen_graph.errors import StorageError, ThreadBusyError, ValidationError
 
@@ -75,7 +75,8 @@ _COLUMNS = """id, job_id, thread_id, agent, action, status, attempts, worker, er
 
 def _missing_extra() -> StorageError:
     return StorageError(
-        "background runs on PostgreSQL need procrastinate: pip install 'criogen-graph[background]'",
+        "background runs on PostgreSQL need procrastinate: pip install -e '.[background]' "
+        "in the criogen_graph checkout",
         code="missing_extra",
     )
 
@@ -190,7 +191,7 @@ _SECRET_FIELDS = ("input", "state", "message", "decisions", "expected")
 
 
 def _seal(storage: Storage, payload: dict[str, Any]) -> dict[str, Any]:
-    serde = storage._serde
+    serde = storage.serializer
     if serde is None:
         return payload
     import base64
@@ -207,9 +208,9 @@ def _unseal(storage: Storage, raw: Any) -> Any:
         return raw
     import base64
 
-    serde = storage._serde
+    serde = storage.serializer
     if serde is None:
-        raise _BadPayload(
+        raise BadPayload(
             "the job's payload is encrypted and this worker's storage has no encryption_key: "
             "start the worker with the key of the storage that submitted it"
         )
@@ -217,12 +218,12 @@ def _unseal(storage: Storage, raw: Any) -> Any:
         kind, data = raw["sealed"]
         secret = serde.loads_typed((kind, base64.b64decode(data)))
     except Exception as exc:
-        raise _BadPayload(
+        raise BadPayload(
             f"the job's payload cannot be decrypted with this worker's encryption_key (is the "
             f"worker pointed at another storage, or given another key?): {exc}"
         ) from None
     if not isinstance(secret, Mapping):
-        raise _BadPayload("the job's sealed payload is not an object")
+        raise BadPayload("the job's sealed payload is not an object")
     out = {k: v for k, v in raw.items() if k != "sealed"}
     out.update(secret)
     return out
@@ -355,28 +356,28 @@ async def _run_job(worker: Worker, queue: PgQueue, context: Any, kwargs: dict[st
     # The record is claimed first: a payload naming the run id of another job (corrupt,
     # or made by hand) fails under a record of its own and leaves that one alone.
     started = await _start(queue, run_id, job_id, raw, worker.name)
-    taken: _BadPayload | None = None
+    taken: BadPayload | None = None
     if started is None:
-        taken = _BadPayload(f"the job's run id {run_id!r} belongs to another job")
+        taken = BadPayload(f"the job's run id {run_id!r} belongs to another job")
         run_id = f"job-{job_id}"
         started = await _start(queue, run_id, job_id, raw, worker.name) or 1
     agent: Agent[Any] | None = None
     try:
         if taken is not None:
             raise taken
-        payload = _read_payload(_unseal(worker.storage, raw))
+        payload = read_payload(_unseal(worker.storage, raw))
         agent = worker.agents.get(payload["agent"])
         if agent is None:
-            raise _UnknownAgent(
+            raise UnknownAgent(
                 f"worker {worker.name} has no agent {payload['agent']!r} (it serves "
                 f"{sorted(worker.agents)}): start the workers of this storage with "
                 f"--agent for it"
             )
-    except (_BadPayload, _UnknownAgent) as exc:
-        await _finish(queue, run_id, FAILED, _error_fields(agent, exc))
+    except (BadPayload, UnknownAgent) as exc:
+        await _finish(queue, run_id, FAILED, error_fields(agent, exc))
         raise
     try:
-        reply = await _execute(agent, payload, resumed=started > 1)
+        reply = await execute(agent, payload, resumed=started > 1)
     except ThreadBusyError:
         await uncancelled(_finish(queue, run_id, QUEUED, {}, final=False))
         raise
@@ -384,9 +385,9 @@ async def _run_job(worker: Worker, queue: PgQueue, context: Any, kwargs: dict[st
         await uncancelled(_finish(queue, run_id, CANCELLED, {}))
         raise
     except Exception as exc:
-        await uncancelled(_finish(queue, run_id, FAILED, _error_fields(agent, exc)))
+        await uncancelled(_finish(queue, run_id, FAILED, error_fields(agent, exc)))
         raise
-    await uncancelled(_finish(queue, run_id, SUCCEEDED, _result_fields(reply)))
+    await uncancelled(_finish(queue, run_id, SUCCEEDED, result_fields(reply)))
 
 
 async def _start(queue: PgQueue, run_id: str, job_id: int, raw: Any, worker: str) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 from criogen_graph.adapters.models.fake import FakeReply, FunctionModel
 from criogen_graph.agent import Agent
 from criogen_graph.errors import ToolError
+from criogen_graph.messages import Message
 from criogen_graph.storage import Storage
 from criogen_graph.tools import tool
 
@@ -104,7 +106,7 @@ def build_agent(storage: Storage | str, model: Any = None) -> Agent[Any]:
     )
 
 
-def show(out: Any, messages: list[dict[str, Any]]) -> None:
+def show(out: Any, messages: list[Message]) -> None:
     for m in messages:
         if m["role"] in ("user", "assistant") and m.get("content"):
             out(f"  {m['role']}: {m['content']}")
@@ -133,7 +135,38 @@ async def run_demo(db: Path, out: Any = print) -> int:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "criogen_graph", "demo", "--db", str(db), "--resume", thread_id
     )
-    return await proc.wait()
+    code = await proc.wait()
+    if code == 0:
+        out("\nInspect the thread it made (its messages, then who did what):")
+        for command in inspect_commands(db, thread_id):
+            out(f"  {command}")
+    return code
+
+
+def inspect_commands(db: Path, thread_id: str) -> list[str]:
+    """The `threads show` and `threads audit` commands for the demo's thread, runnable
+    from the current directory: the storage URL is explicit because the demo's file is
+    not the CLI's default `criogen.db`."""
+    cli = _cli_command()
+    storage = shlex.quote(f"sqlite:///{db}")
+    return [
+        f"{cli} threads --storage {storage} show {thread_id}",
+        f"{cli} threads --storage {storage} audit {thread_id}",
+    ]
+
+
+def _cli_command() -> str:
+    """How to run the CLI from the current directory with this interpreter: the
+    `criogen-graph` script installed beside it (a relative path such as
+    `.venv/bin/criogen-graph` when it is under the current directory), else
+    `python -m criogen_graph`."""
+    script = Path(sys.executable).parent / "criogen-graph"
+    if script.is_file():
+        try:
+            return shlex.quote(str(script.relative_to(Path.cwd())))
+        except ValueError:
+            return shlex.quote(str(script))
+    return f"{shlex.quote(sys.executable)} -m criogen_graph"
 
 
 async def resume_demo(db: Path, thread_id: str, out: Any = print) -> int:

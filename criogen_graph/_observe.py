@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from langgraph.errors import GraphBubbleUp
 
+from criogen_graph.adapters.telemetry import SPANS
 from criogen_graph.redact import CURRENT, effective
-from criogen_graph.telemetry import SPANS
+from criogen_graph.results import outcome
 
 if TYPE_CHECKING:
     from criogen_graph.nodes.spec import AgentSpec
@@ -28,17 +29,10 @@ class Segment:
     def done(self, result: Any) -> None:
         if self.span is None:
             return
-        outcome = (
-            "failed"
-            if result.stop_reason == "limit"
-            else "suspended"
-            if result.needs_approval
-            else "completed"
-        )
         self.spans.set(
             self.span,
             {
-                "criogen.outcome": outcome,
+                "criogen.outcome": outcome(result.stop_reason, waiting=result.needs_approval),
                 "criogen.stop_reason": result.stop_reason,
                 "criogen.run_id": result.run_id,
                 "gen_ai.usage.input_tokens": result.usage.get("input_tokens", 0),
@@ -108,10 +102,10 @@ def observe(
             try:
                 yield segment
             except GraphBubbleUp:
-                spans.set(span, {"criogen.outcome": "suspended"})
+                spans.set(span, {"criogen.outcome": outcome(None, waiting=True)})
                 raise
             except BaseException:
-                spans.set(span, {"criogen.outcome": "failed"})
+                spans.set(span, {"criogen.outcome": outcome(None, error=True)})
                 raise
     finally:
         if spans_token is not None:

@@ -21,6 +21,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from criogen_graph._retry_after import retry_after_from_headers
+from criogen_graph._urls import mask_url
 from criogen_graph.redact import package_logger
 
 _log = package_logger("criogen_graph.telemetry")
@@ -193,6 +195,7 @@ class OtlpHttpExporter:
         encoder: Encoder,
     ) -> None:
         self.endpoint = endpoint
+        self._shown = mask_url(endpoint)  # what logs show: no credentials
         self.timeout_secs = timeout_secs
         self.encoder = encoder
         self.headers = {**headers, "content-type": "application/x-protobuf"}
@@ -236,12 +239,12 @@ class OtlpHttpExporter:
                 if response.status_code not in _RETRYABLE:
                     _log.error(
                         "the OTLP endpoint %s refused %d bytes of spans (%s); they are dropped",
-                        self.endpoint,
+                        self._shown,
                         len(body),
                         problem,
                     )
                     return False
-                retry_after = _retry_after(response.headers.get("retry-after"))
+                retry_after = retry_after_from_headers(response.headers)
             delay = (
                 retry_after if retry_after is not None else 2**attempt * random.uniform(0.8, 1.2)
             )
@@ -252,12 +255,12 @@ class OtlpHttpExporter:
             ):
                 _log.error(
                     "could not export spans to %s after %d attempts (%s); they are dropped",
-                    self.endpoint,
+                    self._shown,
                     attempt + 1,
                     problem,
                 )
                 return False
-            _log.warning("exporting spans to %s failed (%s); retrying", self.endpoint, problem)
+            _log.warning("exporting spans to %s failed (%s); retrying", self._shown, problem)
         return False  # pragma: no cover - the loop returns
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
@@ -266,20 +269,6 @@ class OtlpHttpExporter:
     def shutdown(self) -> None:
         self._stopping.set()
         self._client.close()
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        from email.utils import parsedate_to_datetime
-
-        try:
-            return max(parsedate_to_datetime(value).timestamp() - time.time(), 0.0)
-        except (TypeError, ValueError):
-            return None
 
 
 # -- a light tracer provider for `Telemetry.otlp` --------------------------------------

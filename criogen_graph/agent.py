@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import contextvars
-import time
 import uuid
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
-from criogen_graph._observe import observe, run_redactor
+from criogen_graph._observe import run_redactor
 from criogen_graph._output import OutputSpec
+from criogen_graph._runner import Head, Start, check_state, run_once, user_message
 from criogen_graph.adapters.models import resolve_model
 from criogen_graph.approvals import Approval, compile_approvals
 from criogen_graph.errors import (
@@ -22,21 +22,21 @@ from criogen_graph.hooks import (
     compile_hooks,
 )
 from criogen_graph.middleware import Middleware, check_middleware
-from criogen_graph.nodes.approval import APPROVAL_INTERRUPT
-from criogen_graph.nodes.events import API_RUN
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.nodes.state import new_run
 from criogen_graph.nodes.tools import ToolOutput
 from criogen_graph.options import Limits, Retry
-from criogen_graph.results import ApprovalRequest, PendingApprovals, RunResult, empty_usage
+from criogen_graph.results import RunResult
 from criogen_graph.tools import Tool, ToolContext, ToolError, ToolSource, check_tool_name
 
 if TYPE_CHECKING:
+    from langchain_core.language_models import BaseChatModel
     from langchain_core.runnables import RunnableConfig
     from langgraph.graph.state import CompiledStateGraph
 
     from criogen_graph.adapters.models.base import Model
-    from criogen_graph.memory import MemoryView
+    from criogen_graph.adapters.telemetry import Spans, Telemetry
+    from criogen_graph.memory import Memory, MemoryView
     from criogen_graph.redact import Redactor
     from criogen_graph.storage import Storage
     from criogen_graph.thread import Thread
@@ -65,91 +65,88 @@ class Agent(Generic[Output]):
     an option the agent does not accept.
     """
 
+    @overload
     def __init__(
-        self,
-        model: Any,
+        self: Agent[str],
+        model: Model | str | BaseChatModel,
         *,
         instructions: str | None = None,
-        tools: Iterable[Any] = (),
+        tools: Iterable[Tool | ToolSource] = (),
         approve: Iterable[str | Approval] = (),
-        output: Any = None,
+        output: None = None,
         limits: Limits | Mapping[str, Any] | None = None,
         on_tool_exception: str = "return_to_model",
-        storage: Any = None,
-        memory: Any = None,
-        fallbacks: Sequence[Any] = (),
+        storage: Storage | str | None = None,
+        memory: Memory | None = None,
+        fallbacks: Sequence[Model | str | BaseChatModel] = (),
         fallback_on: Iterable[str] = (),
         model_retry: Retry | Mapping[str, Any] | None = None,
         tool_retry: Retry | Mapping[str, Any] | None = None,
         max_retry_after_secs: float = 60,
-        telemetry: Any = None,
-        hooks: Sequence[Any] = (),
+        telemetry: Telemetry | None = None,
+        hooks: Sequence[object] = (),
         middleware: Sequence[Middleware] = (),
-        redact: Any = None,
+        redact: Redactor | None = None,
+        name: str = "agent",
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: Agent[Output],
+        model: Model | str | BaseChatModel,
+        *,
+        instructions: str | None = None,
+        tools: Iterable[Tool | ToolSource] = (),
+        approve: Iterable[str | Approval] = (),
+        output: type[Output],
+        limits: Limits | Mapping[str, Any] | None = None,
+        on_tool_exception: str = "return_to_model",
+        storage: Storage | str | None = None,
+        memory: Memory | None = None,
+        fallbacks: Sequence[Model | str | BaseChatModel] = (),
+        fallback_on: Iterable[str] = (),
+        model_retry: Retry | Mapping[str, Any] | None = None,
+        tool_retry: Retry | Mapping[str, Any] | None = None,
+        max_retry_after_secs: float = 60,
+        telemetry: Telemetry | None = None,
+        hooks: Sequence[object] = (),
+        middleware: Sequence[Middleware] = (),
+        redact: Redactor | None = None,
+        name: str = "agent",
+    ) -> None: ...
+
+    def __init__(
+        self,
+        model: Model | str | BaseChatModel,
+        *,
+        instructions: str | None = None,
+        tools: Iterable[Tool | ToolSource] = (),
+        approve: Iterable[str | Approval] = (),
+        output: Any = None,
+        limits: Limits | Mapping[str, Any] | None = None,
+        on_tool_exception: str = "return_to_model",
+        storage: Storage | str | None = None,
+        memory: Memory | None = None,
+        fallbacks: Sequence[Model | str | BaseChatModel] = (),
+        fallback_on: Iterable[str] = (),
+        model_retry: Retry | Mapping[str, Any] | None = None,
+        tool_retry: Retry | Mapping[str, Any] | None = None,
+        max_retry_after_secs: float = 60,
+        telemetry: Telemetry | None = None,
+        hooks: Sequence[object] = (),
+        middleware: Sequence[Middleware] = (),
+        redact: Redactor | None = None,
         name: str = "agent",
     ) -> None:
-        primary = resolve_model(model, option="model")
-        if isinstance(fallbacks, str | bytes) or not isinstance(fallbacks, Iterable):
-            raise TypeError("fallbacks must be a list of models")
-        models = (primary, *(resolve_model(m, option="fallbacks entry") for m in fallbacks))
+        models = _check_models(model, fallbacks)
         if instructions is not None and not isinstance(instructions, str):
             raise TypeError(f"instructions must be a str, got {type(instructions).__name__}")
         tool_map, sources = _collect_tools(tools)
-        approvals = compile_approvals(approve)
-        unknown = [t for t in approvals if t not in tool_map]
-        if unknown and not sources:
-            raise ValidationError(
-                f"approve names {unknown}, which are not among the agent's tools "
-                f"{sorted(tool_map)}",
-                code="unknown",
-            )
-        if on_tool_exception not in ON_TOOL_EXCEPTION:
-            raise ValidationError(
-                f"on_tool_exception must be one of {list(ON_TOOL_EXCEPTION)}, got "
-                f"{on_tool_exception!r}",
-                code="invalid_value",
-            )
-        if isinstance(fallback_on, str):
-            raise TypeError("fallback_on must be a list of error kinds, e.g. ['context_overflow']")
-        kinds = frozenset(fallback_on)
-        bad = sorted(k for k in kinds if k not in MODEL_ERROR_KINDS)
-        if bad:
-            raise ValidationError(
-                f"fallback_on has unknown error kind(s) {bad}; kinds: {sorted(MODEL_ERROR_KINDS)}",
-                code="invalid_value",
-            )
-        if isinstance(max_retry_after_secs, bool) or not isinstance(
-            max_retry_after_secs, int | float
-        ):
-            raise TypeError("max_retry_after_secs must be a number")
-        if max_retry_after_secs < 0:
-            raise ValidationError("max_retry_after_secs must be >= 0", code="invalid_value")
-        if memory is not None:
-            from criogen_graph.memory import Memory
-
-            if not isinstance(memory, Memory):
-                raise TypeError(
-                    f"memory must be a Memory (Memory.by_state(key) or Memory.shared()), got "
-                    f"{memory!r}"
-                )
-            for t in memory.make_tools():
-                if t.name in tool_map:
-                    raise ValidationError(
-                        f"the agent has a tool named {t.name!r}, like a memory tool; rename it "
-                        "or pass Memory(..., tools=False)",
-                        code="invalid_value",
-                    )
-                tool_map[t.name] = t
-        from criogen_graph.redact import Redactor
-        from criogen_graph.telemetry import Spans, Telemetry
-
-        if redact is not None and not isinstance(redact, Redactor):
-            raise TypeError(f"redact must be a Redactor (e.g. Redactor.pii()), got {redact!r}")
-        if telemetry is not None and not isinstance(telemetry, Telemetry):
-            raise TypeError(
-                f"telemetry must be a Telemetry (Telemetry.otlp(url) or Telemetry.langfuse()), "
-                f"got {telemetry!r}"
-            )
+        approvals = _check_approvals(approve, tool_map, sources)
+        _check_choice("on_tool_exception", on_tool_exception, ON_TOOL_EXCEPTION)
+        _check_retry_after(max_retry_after_secs)
+        _add_memory_tools(memory, tool_map)
+        spans = _check_observability(telemetry, redact)
         if not isinstance(name, str) or not name:
             raise TypeError("name must be a non-empty str")
         self.name = name
@@ -161,7 +158,7 @@ class Agent(Generic[Output]):
             output=OutputSpec(output) if output is not None else None,
             limits=Limits.coerce(limits),
             on_tool_exception=on_tool_exception,
-            fallback_on=kinds,
+            fallback_on=_check_fallback_on(fallback_on),
             model_retry=Retry.coerce(model_retry, name="model_retry"),
             tool_retry=Retry.coerce(tool_retry, name="tool_retry"),
             max_retry_after_secs=float(max_retry_after_secs),
@@ -170,18 +167,10 @@ class Agent(Generic[Output]):
             name=name,
             sources=sources,
             memory=memory,
-            spans=Spans(telemetry, redact) if telemetry is not None else None,
+            spans=spans,
             redact=redact,
         )
-        if storage is None:
-            storage = "memory://"
-        if isinstance(storage, str):
-            from criogen_graph.storage import Storage
-
-            storage = Storage(storage)
-        elif not _is_storage(storage):
-            raise TypeError(f"storage must be a Storage or a URL, got {storage!r}")
-        self._storage: Storage = storage
+        self._storage: Storage = _resolve_storage(storage if storage is not None else "memory://")
         self._graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         self._thread_graphs: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = (
             weakref.WeakKeyDictionary()
@@ -203,11 +192,12 @@ class Agent(Generic[Output]):
             self._graph = build_graph(self._spec).compile(name=self.name)
         return self._graph
 
-    def _thread_graph(
+    def thread_graph(
         self, storage: Storage, store: Any = None
     ) -> CompiledStateGraph[Any, Any, Any, Any]:
-        """The graph compiled with the storage's checkpointer (and store, for memory),
-        once per checkpointer."""
+        """Internal: the graph compiled with the storage's checkpointer (and store, for
+        memory), once per checkpointer. For the runtime's own modules (threads, the
+        run-segment runner); not a stable interface for users."""
         saver = storage.checkpointer
         # By checkpointer, held weakly: each event loop has its own, and one that closed
         # (a storage per request, a loop per request) takes its graph with it.
@@ -221,8 +211,9 @@ class Agent(Generic[Output]):
         self._thread_graphs[saver] = (graph, store)
         return graph
 
-    def _memory_graph(self, store: Any) -> CompiledStateGraph[Any, Any, Any, Any]:
-        """For `run()` with memory: no checkpointer, the storage's store."""
+    def memory_graph(self, store: Any) -> CompiledStateGraph[Any, Any, Any, Any]:
+        """Internal: the graph of `run()` with memory: no checkpointer, the storage's
+        store. For the run-segment runner; not a stable interface for users."""
         cached = self._memory_graph_cache
         if cached is not None and cached[0] is store:
             hit: CompiledStateGraph[Any, Any, Any, Any] = cached[1]
@@ -242,9 +233,10 @@ class Agent(Generic[Output]):
 
         return MemoryView(self._spec.memory, self._storage)
 
-    def _spec_named(self, name: str | None) -> AgentSpec:
-        """This agent's spec, or that of the agent named `name` among the agents it uses
-        as tools (at any depth): the one whose approval is pending."""
+    def spec_named(self, name: str | None) -> AgentSpec:
+        """Internal: this agent's spec, or that of the agent named `name` among the
+        agents it uses as tools (at any depth): the one whose approval is pending. For
+        threads; not a stable interface for users."""
         if name is None or name == self.name:
             return self._spec
         seen: set[int] = set()
@@ -255,8 +247,8 @@ class Agent(Generic[Output]):
                 continue
             seen.add(id(agent))
             if agent.name == name:
-                return agent._spec
-            stack.extend(t.agent for t in agent._spec.tools.values() if isinstance(t, AgentTool))
+                return agent.spec
+            stack.extend(t.agent for t in agent.spec.tools.values() if isinstance(t, AgentTool))
         return self._spec
 
     def with_storage(self, storage: Storage | str) -> Agent[Output]:
@@ -264,12 +256,7 @@ class Agent(Generic[Output]):
         `self` when that is already its storage."""
         import copy
 
-        if isinstance(storage, str):
-            from criogen_graph.storage import Storage
-
-            storage = Storage(storage)
-        elif not _is_storage(storage):
-            raise TypeError(f"storage must be a Storage or a URL, got {storage!r}")
+        storage = _resolve_storage(storage)
         if storage is self._storage:
             return self
         clone = copy.copy(self)
@@ -283,6 +270,12 @@ class Agent(Generic[Output]):
         """Internal: the agent's checked, compiled options, for the runtime's own modules
         (threads, the CLI, background workers). Not a stable interface for users."""
         return self._spec
+
+    @property
+    def run_config(self) -> RunnableConfig:
+        """Internal: the LangGraph config of the agent's runs (its recursion limit), for
+        the run-segment runner. Not a stable interface for users."""
+        return self._config
 
     @property
     def storage(self) -> Storage:
@@ -319,35 +312,19 @@ class Agent(Generic[Output]):
         `ModelError`, `LimitExceededError`, `ToolExecutionError`, or `CancelledError`
         when the awaiting task is cancelled.
         """
-        started = time.perf_counter()
-        _user_message(input)  # a bad input fails before anything is observed
-        run_state = _check_state(state)
-        run_id = uuid.uuid4().hex
-        with observe(self._spec, action="run", run_id=run_id) as segment:
-            user = _user_message(input, run_redactor(self._spec))
-            result = await self._run(user, run_state, run_id, started)
-            segment.done(result)
-        self._raise_for_limit(result)
-        return result
-
-    async def _run(
-        self, user: dict[str, Any], run_state: dict[str, Any], run_id: str, started: float
-    ) -> RunResult[Output]:
-        await self._spec.ensure_tools()
+        user_message(input)  # a bad input fails before anything is observed
+        run_state = check_state(state)
         if self._spec.memory is not None:
             self._spec.memory.pool(run_state)  # no model call without the scope key
-            graph = self._memory_graph(await self._storage.get_store())
-        else:
-            graph = self.graph
-        inp: dict[str, Any] = {"messages": (user,), "run": new_run(run_id), "state": run_state}
-        # `on_start` / `on_end` run inside the graph (see `nodes.segment`), as they do
-        # however LangGraph drives it.
-        api_run = API_RUN.set(True)
-        try:
-            out = await graph.ainvoke(inp, self._config, version="v2")
-        finally:
-            API_RUN.reset(api_run)
-        return self._result(out.value, out.interrupts, run_id, started)
+        run_id = uuid.uuid4().hex
+        spec = self._spec
+
+        async def prepare(head: Head, graph: Any, cfg: RunnableConfig) -> Start:
+            user = user_message(input, run_redactor(spec))
+            inp = {"messages": (user,), "run": new_run(run_id), "state": run_state}
+            return Start(inp, run_id, {})
+
+        return await run_once(self, prepare)
 
     async def aclose(self) -> None:
         """Close what the agent opened: connections of its models and of its tool sources
@@ -367,82 +344,6 @@ class Agent(Generic[Output]):
         """This agent as a tool of another agent: it takes `{"input": str}`, runs this
         agent, and returns its answer. Agents calling agents nest at most 8 deep."""
         return AgentTool(self, name, description)
-
-    # -- helpers shared with Thread --------------------------------------------------
-
-    def _result(
-        self,
-        values: dict[str, Any],
-        interrupts: Sequence[Any],
-        run_id: str,
-        started: float,
-        cls: type[RunResult[Any]] = RunResult,
-        **extra: Any,
-    ) -> RunResult[Output]:
-        run = values.get("run") or {}
-        messages: list[dict[str, Any]] = values.get("messages") or []
-        approvals: list[ApprovalRequest] = []
-        for intr in interrupts:
-            value = getattr(intr, "value", None)
-            if isinstance(value, Mapping) and value.get("type") == APPROVAL_INTERRUPT:
-                approvals.extend(ApprovalRequest.from_dict(r) for r in value["requests"])
-        stop = None if approvals else run.get("stop_reason")
-        text: str | None = None
-        output: Any = None
-        if stop in ("final_answer", "max_tokens"):
-            last = _last_assistant(messages)
-            text = (last.get("content") or "") if last is not None else ""
-            output = text
-        elif stop == "output":
-            spec_output = self._spec.output
-            raw = run.get("output")
-            output = spec_output.to_user(raw) if spec_output is not None else raw
-        elif stop == "hook_end":
-            output = run.get("output")
-            text = output if isinstance(output, str) else None
-        elif stop == "return_direct":
-            text = run.get("output")
-            output = text
-        result = cls(
-            text=text,
-            output=output,
-            messages=list(messages),  # the caller's own list, not the cached one
-            usage=dict(run.get("usage") or empty_usage()),
-            stop_reason=stop,
-            needs_approval=bool(approvals),
-            # A thread's reply names the checkpoint that asked, so an answer pinned to
-            # `reply.approvals` tells these requests from any later one.
-            approvals=PendingApprovals(
-                approvals,
-                checkpoint_id=extra.get("checkpoint_id") or None,
-                version=extra.get("version"),
-            ),
-            model_calls=run.get("model_calls", 0),
-            tool_calls=run.get("tool_calls", 0),
-            run_id=run.get("run_id") or run_id,
-            duration_ms=(time.perf_counter() - started) * 1000.0,
-            answered_by=run.get("answered_by"),
-            models=list(run.get("models") or ()),
-            **extra,
-        )
-        if stop == "limit":
-            result.limit = run.get("error") or {}
-        return result
-
-    @staticmethod
-    def _raise_for_limit(result: RunResult[Any]) -> None:
-        if result.stop_reason != "limit":
-            return
-        err = result.limit or {}
-        limit = err.get("limit", "limit")
-        value = err.get("value", 0)
-        raise LimitExceededError(
-            f"the run reached its {limit} limit ({value}); raise Limits({limit}=...) if the "
-            "task needs more",
-            limit=limit,
-            value=value,
-            result=result,
-        )
 
     def __repr__(self) -> str:
         m = self._spec.models[0]
@@ -507,6 +408,99 @@ class AgentTool(Tool):
         return ToolOutput(value, result.usage)
 
 
+def _resolve_storage(storage: object) -> Storage:
+    if isinstance(storage, str):
+        from criogen_graph.storage import Storage
+
+        return Storage(storage)
+    if not _is_storage(storage):
+        raise TypeError(f"storage must be a Storage or a URL, got {storage!r}")
+    return storage  # type: ignore[return-value]
+
+
+def _check_models(model: object, fallbacks: object) -> tuple[Model, ...]:
+    primary = resolve_model(model, option="model")
+    if isinstance(fallbacks, str | bytes) or not isinstance(fallbacks, Iterable):
+        raise TypeError("fallbacks must be a list of models")
+    return (primary, *(resolve_model(m, option="fallbacks entry") for m in fallbacks))
+
+
+def _check_approvals(
+    approve: Iterable[str | Approval], tool_map: dict[str, Tool], sources: tuple[ToolSource, ...]
+) -> dict[str, Approval]:
+    approvals = compile_approvals(approve)
+    unknown = [t for t in approvals if t not in tool_map]
+    if unknown and not sources:
+        raise ValidationError(
+            f"approve names {unknown}, which are not among the agent's tools {sorted(tool_map)}",
+            code="unknown",
+        )
+    return approvals
+
+
+def _check_choice(option: str, value: object, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValidationError(
+            f"{option} must be one of {list(choices)}, got {value!r}",
+            code="invalid_value",
+        )
+
+
+def _check_fallback_on(fallback_on: Iterable[str]) -> frozenset[str]:
+    if isinstance(fallback_on, str):
+        raise TypeError("fallback_on must be a list of error kinds, e.g. ['context_overflow']")
+    kinds = frozenset(fallback_on)
+    bad = sorted(k for k in kinds if k not in MODEL_ERROR_KINDS)
+    if bad:
+        raise ValidationError(
+            f"fallback_on has unknown error kind(s) {bad}; kinds: {sorted(MODEL_ERROR_KINDS)}",
+            code="invalid_value",
+        )
+    return kinds
+
+
+def _check_retry_after(max_retry_after_secs: object) -> None:
+    if isinstance(max_retry_after_secs, bool) or not isinstance(max_retry_after_secs, int | float):
+        raise TypeError("max_retry_after_secs must be a number")
+    if max_retry_after_secs < 0:
+        raise ValidationError("max_retry_after_secs must be >= 0", code="invalid_value")
+
+
+def _add_memory_tools(memory: object, tool_map: dict[str, Tool]) -> None:
+    """Check `memory=` and add its tools to the agent's."""
+    if memory is None:
+        return
+    from criogen_graph.memory import Memory
+
+    if not isinstance(memory, Memory):
+        raise TypeError(
+            f"memory must be a Memory (Memory.by_state(key) or Memory.shared()), got {memory!r}"
+        )
+    for t in memory.make_tools():
+        if t.name in tool_map:
+            raise ValidationError(
+                f"the agent has a tool named {t.name!r}, like a memory tool; rename it "
+                "or pass Memory(..., tools=False)",
+                code="invalid_value",
+            )
+        tool_map[t.name] = t
+
+
+def _check_observability(telemetry: object, redact: object) -> Spans | None:
+    """Check `telemetry=` and `redact=`; the spans the agent reports into."""
+    from criogen_graph.adapters.telemetry import Spans, Telemetry
+    from criogen_graph.redact import Redactor
+
+    if redact is not None and not isinstance(redact, Redactor):
+        raise TypeError(f"redact must be a Redactor (e.g. Redactor.pii()), got {redact!r}")
+    if telemetry is not None and not isinstance(telemetry, Telemetry):
+        raise TypeError(
+            f"telemetry must be a Telemetry (Telemetry.otlp(url) or Telemetry.langfuse()), "
+            f"got {telemetry!r}"
+        )
+    return Spans(telemetry, redact) if telemetry is not None else None
+
+
 def _is_storage(value: object) -> bool:
     from criogen_graph.storage import Storage
 
@@ -531,25 +525,3 @@ def _collect_tools(tools: Iterable[Any]) -> tuple[dict[str, Tool], tuple[ToolSou
             raise ValidationError(f"two tools are named {entry.name!r}", code="invalid_value")
         out[entry.name] = entry
     return out, tuple(sources)
-
-
-def _user_message(input: Any, redactor: Redactor | None = None) -> dict[str, Any]:
-    if not isinstance(input, str):
-        raise TypeError(f"input must be a str (the user's message), got {type(input).__name__}")
-    return {"role": "user", "content": redactor.redact(input) if redactor is not None else input}
-
-
-def _check_state(state: Mapping[str, Any] | None) -> dict[str, Any]:
-    if state is None:
-        return {}
-    if not isinstance(state, Mapping):
-        raise TypeError(f"state must be a dict, got {type(state).__name__}")
-    return dict(state)
-
-
-def _last_assistant(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
-    for m in reversed(messages):
-        if m.get("role") == "assistant":
-            found: dict[str, Any] = m
-            return found
-    return None

@@ -23,13 +23,14 @@ import uuid
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 from criogen_graph.errors import CriogenError, ValidationError
 from criogen_graph.results import Decision, PendingApprovals, Reply
 
 if TYPE_CHECKING:
     from criogen_graph.agent import Agent
+    from criogen_graph.messages import ErrorCode
     from criogen_graph.storage import Storage
     from criogen_graph.thread import Thread
 
@@ -68,7 +69,8 @@ class RunFailedError(CriogenError):
     def __init__(
         self, message: str, *, code: str = "run_failed", error_type: str | None = None
     ) -> None:
-        super().__init__(message, code=code)
+        # The code may come from a run record another process wrote: kept as given.
+        super().__init__(message, code=cast("ErrorCode", code))
         self.error_type = error_type
 
 
@@ -165,7 +167,7 @@ class RunHandle(Generic[Output]):
         if local is not None:
             return local
         assert info.checkpoint_id is not None and info.run_id is not None
-        return await _reply_at(self.thread, info.checkpoint_id, info.run_id)
+        return await self.thread.reply_at(info.checkpoint_id, info.run_id)
 
     async def cancel(self) -> bool:
         """Cancel the run: a queued one never starts; a running one is cancelled at its
@@ -193,7 +195,7 @@ def handle(thread: Thread[Output], run_id: str) -> RunHandle[Output]:
 
 
 async def _payload(thread: Thread[Any], action: str, **fields: Any) -> dict[str, Any]:
-    from criogen_graph.agent import _check_state, _user_message
+    from criogen_graph._runner import check_state, user_message
     from criogen_graph.redact import effective
 
     payload: dict[str, Any] = {
@@ -206,10 +208,11 @@ async def _payload(thread: Thread[Any], action: str, **fields: Any) -> dict[str,
     }
     if action == "send":
         # The same checks as send(); the queue keeps the text as redacted as the thread.
-        user = _user_message(fields["input"], effective(thread.agent._spec.redact))
-        state = _check_state(fields.get("state"))
-        if thread.agent._spec.memory is not None:
-            thread.agent._spec.memory.pool(state)
+        spec = thread.agent.spec
+        user = user_message(fields["input"], effective(spec.redact))
+        state = check_state(fields.get("state"))
+        if spec.memory is not None:
+            spec.memory.pool(state)
         payload["input"] = user["content"]
         payload["state"] = state
     elif action in ("approve", "reject", "decide"):
@@ -267,29 +270,30 @@ async def _pin(thread: Thread[Any], expected: Any) -> Any:
 # -- running a job (shared by the in-process and the PostgreSQL workers) ------------------
 
 
-class _BadPayload(Exception):
-    pass
+class BadPayload(Exception):
+    """A job's payload this worker cannot read (the run fails with `bad_payload`)."""
 
 
-def _read_payload(raw: Any) -> dict[str, Any]:
+def read_payload(raw: Any) -> dict[str, Any]:
+    """A job's payload, checked (`BadPayload` naming what is wrong)."""
     if not isinstance(raw, Mapping):
-        raise _BadPayload(f"the job's payload is a {type(raw).__name__}, not an object")
+        raise BadPayload(f"the job's payload is a {type(raw).__name__}, not an object")
     if raw.get("v") != _PAYLOAD_VERSION:
-        raise _BadPayload(
+        raise BadPayload(
             f"the job's payload has version {raw.get('v')!r}; this worker reads version "
             f"{_PAYLOAD_VERSION} (upgrade the worker or the submitter)"
         )
     for key in ("id", "thread_id", "agent", "action"):
         if not isinstance(raw.get(key), str) or not raw[key]:
-            raise _BadPayload(f"the job's payload has no {key!r}")
+            raise BadPayload(f"the job's payload has no {key!r}")
     if raw["action"] not in _ACTIONS:
-        raise _BadPayload(f"the job's payload has an unknown action {raw['action']!r}")
+        raise BadPayload(f"the job's payload has an unknown action {raw['action']!r}")
     if raw["action"] == "send" and not isinstance(raw.get("input"), str):
-        raise _BadPayload("the job's payload has no 'input' text")
+        raise BadPayload("the job's payload has no 'input' text")
     return dict(raw)
 
 
-async def _execute(agent: Agent[Any], payload: dict[str, Any], resumed: bool) -> Reply[Any]:
+async def execute(agent: Agent[Any], payload: dict[str, Any], resumed: bool) -> Reply[Any]:
     """Run one job. `resumed`: a worker started it before (and died): whatever it had
     applied is not applied again; an unfinished run is continued as `retry()` does."""
     thread = agent.thread(payload["thread_id"], actor=payload.get("actor"))
@@ -299,7 +303,11 @@ async def _execute(agent: Agent[Any], payload: dict[str, Any], resumed: bool) ->
         if done is not None:
             return done
     if action == "send":
-        return await _send_as(thread, payload["input"], payload.get("state"), payload["id"])
+        # The job's id is the run's: a worker taking over finds by it whether the send
+        # was already applied.
+        return await thread.send_as(
+            payload["input"], state=payload.get("state"), run_id=payload["id"]
+        )
     if action == "retry":
         return await thread.retry()
     expected = payload.get("expected")
@@ -329,64 +337,21 @@ async def _continue(thread: Thread[Any], payload: dict[str, Any]) -> Reply[Any] 
         return None
     if head["status"] in ("pending", "failed", "cancelled"):
         return await thread.retry()
-    return await _reply_at(thread, head["id"], head["run_id"] or payload["id"])
+    return await thread.reply_at(head["id"], head["run_id"] or payload["id"])
 
 
-async def _send_as(thread: Thread[Any], text: str, state: Any, run_id: str) -> Reply[Any]:
-    """`thread.send`, with the run id chosen by the job: a worker taking over finds by it
-    whether the send was already applied."""
-    from criogen_graph.agent import _check_state, _user_message
-    from criogen_graph.nodes.state import new_run
-    from criogen_graph.redact import effective
-
-    run_state = _check_state(state)
-    user = _user_message(text, effective(thread.agent._spec.redact))
-
-    async def prepare(head: Any, graph: Any, cfg: Any) -> tuple[Any, str, dict[str, Any]]:
-        if head.has_interrupt and await thread._suspended(graph, cfg):
-            raise thread._suspended_error()
-        prefix = [] if head.finished else await thread._close_unfinished(graph, cfg)
-        inp = {"messages": (*prefix, user), "run": new_run(run_id), "state": run_state}
-        return inp, run_id, {"input": user["content"]}
-
-    return await thread._segment("send", prepare, run_state=run_state, new_messages=[user])
-
-
-async def _reply_at(thread: Thread[Output], checkpoint_id: str, run_id: str) -> Reply[Output]:
-    """The `Reply` a run ended with, rebuilt from its checkpoint."""
-    from criogen_graph.thread import checkpoint_version
-
-    graph, _ = await thread._graph()
-    cfg = {
-        "configurable": {
-            "thread_id": thread.id,
-            "checkpoint_ns": "",
-            "checkpoint_id": checkpoint_id,
-        }
-    }
-    snap = await graph.aget_state(cfg)
-    result = thread.agent._result(
-        dict(snap.values),
-        snap.interrupts,
-        run_id,
-        time.perf_counter(),
-        cls=Reply,
-        version=checkpoint_version(snap.metadata or {}),
-        checkpoint_id=checkpoint_id,
-    )
-    return result  # type: ignore[return-value]
-
-
-def _error_fields(agent: Agent[Any] | None, exc: BaseException) -> dict[str, Any]:
+def error_fields(agent: Agent[Any] | None, exc: BaseException) -> dict[str, Any]:
+    """The fields of a failed run's record for `exc` (its message redacted by the
+    agent's policy)."""
     from criogen_graph.redact import effective
 
     message = str(exc)
-    redactor = effective(agent._spec.redact) if agent is not None else None
+    redactor = effective(agent.spec.redact) if agent is not None else None
     if redactor is not None:
         message = redactor.redact(message)
-    if isinstance(exc, _BadPayload):
+    if isinstance(exc, BadPayload):
         code = "bad_payload"
-    elif isinstance(exc, _UnknownAgent):
+    elif isinstance(exc, UnknownAgent):
         code = "unknown_agent"
     else:
         given = getattr(exc, "code", None)
@@ -398,11 +363,12 @@ def _error_fields(agent: Agent[Any] | None, exc: BaseException) -> dict[str, Any
     }
 
 
-class _UnknownAgent(Exception):
-    pass
+class UnknownAgent(Exception):
+    """A job for an agent the worker does not serve (the run fails with `unknown_agent`)."""
 
 
-def _result_fields(reply: Reply[Any]) -> dict[str, Any]:
+def result_fields(reply: Reply[Any]) -> dict[str, Any]:
+    """The fields of a finished run's record for its `reply`."""
     return {
         "run_id": reply.run_id,
         "checkpoint_id": reply.checkpoint_id,
@@ -481,17 +447,17 @@ class _LocalQueue:
                 started_at_ms=now,
                 first_started_at_ms=run.info.first_started_at_ms or now,
             )
-            reply = await _execute(agent, payload, resumed=False)
+            reply = await execute(agent, payload, resumed=False)
             run.reply = reply
             run.info = replace(
-                run.info, status=SUCCEEDED, finished_at_ms=_now_ms(), **_result_fields(reply)
+                run.info, status=SUCCEEDED, finished_at_ms=_now_ms(), **result_fields(reply)
             )
         except asyncio.CancelledError:
             run.info = replace(run.info, status=CANCELLED, finished_at_ms=_now_ms())
             raise
         except Exception as exc:
             run.info = replace(
-                run.info, status=FAILED, finished_at_ms=_now_ms(), **_error_fields(agent, exc)
+                run.info, status=FAILED, finished_at_ms=_now_ms(), **error_fields(agent, exc)
             )
         finally:
             run.done.set()
@@ -639,35 +605,14 @@ class Worker:
         stalled_after_secs: float = 10.0,
     ) -> None:
         from criogen_graph.agent import Agent
-        from criogen_graph.storage import Storage as _Storage
 
         listed = [agents] if isinstance(agents, Agent) else list(agents)
         if not listed or not all(isinstance(a, Agent) for a in listed):
             raise ValidationError("Worker takes an Agent or a list of Agents", code="invalid_type")
-        for name, value in (
-            ("heartbeat_secs", heartbeat_secs),
-            ("stalled_after_secs", stalled_after_secs),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ValidationError(f"{name} must be a number > 0", code="invalid_value")
-        if stalled_after_secs <= heartbeat_secs:
-            raise ValidationError(
-                "stalled_after_secs must be longer than heartbeat_secs (a live worker must "
-                "not be taken for dead)",
-                code="invalid_value",
-            )
+        _check_timing(heartbeat_secs, stalled_after_secs)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValidationError("concurrency must be an int >= 1", code="invalid_value")
-        if storage is None:
-            storage = listed[0].storage
-        if isinstance(storage, str):
-            storage = _Storage(storage, on_busy="wait")
-        if storage.scheme != "postgres":
-            raise ValidationError(
-                f"a Worker serves a PostgreSQL storage, not {storage.scheme}:// (memory and "
-                "SQLite run background runs in the submitting process)",
-                code="invalid_value",
-            )
+        storage = _worker_storage(storage if storage is not None else listed[0].storage)
         self.storage = storage
         self.agents: dict[str, Agent[Any]] = {}
         for agent in listed:
@@ -676,7 +621,7 @@ class Worker:
                     f"two agents named {agent.name!r}: give each a distinct name=",
                     code="invalid_value",
                 )
-            self.agents[agent.name] = _on_storage(agent, storage)
+            self.agents[agent.name] = agent.with_storage(storage)
         self.concurrency = concurrency
         self.heartbeat_secs = float(heartbeat_secs)
         self.stalled_after_secs = float(stalled_after_secs)
@@ -690,13 +635,32 @@ class Worker:
         await run_worker(self, install_signal_handlers=install_signal_handlers)
 
 
-def _on_storage(agent: Agent[Any], storage: Storage) -> Agent[Any]:
-    import copy
+def _check_timing(heartbeat_secs: object, stalled_after_secs: object) -> None:
+    for name, value in (
+        ("heartbeat_secs", heartbeat_secs),
+        ("stalled_after_secs", stalled_after_secs),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ValidationError(f"{name} must be a number > 0", code="invalid_value")
+    assert isinstance(heartbeat_secs, int | float) and isinstance(stalled_after_secs, int | float)
+    if stalled_after_secs <= heartbeat_secs:
+        raise ValidationError(
+            "stalled_after_secs must be longer than heartbeat_secs (a live worker must "
+            "not be taken for dead)",
+            code="invalid_value",
+        )
 
-    if agent.storage is storage:
-        return agent
-    clone = copy.copy(agent)
-    clone._storage = storage
-    clone._thread_graphs = weakref.WeakKeyDictionary()
-    clone._memory_graph_cache = None
-    return clone
+
+def _worker_storage(storage: Storage | str) -> Storage:
+    """The PostgreSQL storage a worker serves (a URL opened with `on_busy="wait"`)."""
+    from criogen_graph.storage import Storage
+
+    if isinstance(storage, str):
+        storage = Storage(storage, on_busy="wait")
+    if storage.scheme != "postgres":
+        raise ValidationError(
+            f"a Worker serves a PostgreSQL storage, not {storage.scheme}:// (memory and "
+            "SQLite run background runs in the submitting process)",
+            code="invalid_value",
+        )
+    return storage

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from criogen_graph.messages import ErrorCode, LimitName, ModelAttempt, ModelErrorKind
+
 if TYPE_CHECKING:
     from criogen_graph.results import RunResult
 
@@ -24,10 +26,12 @@ __all__ = [
 ]
 
 #: Model error kinds that are retried (with `model_retry`) and move on to `fallbacks`.
-TRANSIENT_KINDS = frozenset({"rate_limit", "transient", "timeout", "connection"})
+TRANSIENT_KINDS: frozenset[ModelErrorKind] = frozenset(
+    {"rate_limit", "transient", "timeout", "connection"}
+)
 #: Every `ModelError.kind`.
-MODEL_ERROR_KINDS = frozenset(
-    TRANSIENT_KINDS | {"context_overflow", "content_filter", "auth", "bad_request", "not_found"}
+MODEL_ERROR_KINDS: frozenset[ModelErrorKind] = TRANSIENT_KINDS | frozenset(
+    {"context_overflow", "content_filter", "auth", "bad_request", "not_found"}
 )
 #: LangGraph's server (`langgraph dev`, LangGraph Platform), whose JSON encoder may read
 #: `CriogenError._asdict`.
@@ -37,12 +41,13 @@ _SERVER_PACKAGE = "langgraph_api"
 class CriogenError(Exception):
     """Base class of every error the library raises on purpose.
 
-    `code` is a short machine-readable name (e.g. `"hook_failed"`, `"invalid_value"`).
+    `code` is a short machine-readable name (e.g. `"hook_failed"`, `"invalid_value"`; every
+    one is listed by `messages.ErrorCode`).
     """
 
-    code: str = "error"
+    code: ErrorCode = "error"
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: ErrorCode | None = None) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
@@ -82,7 +87,7 @@ class ValidationError(CriogenError):
     Nothing is saved when it is raised.
     """
 
-    code = "invalid_value"
+    code: ErrorCode = "invalid_value"
 
 
 class ModelError(CriogenError):
@@ -96,25 +101,25 @@ class ModelError(CriogenError):
     "message"}`), primary first.
     """
 
-    code = "model_error"
+    code: ErrorCode = "model_error"
 
     def __init__(
         self,
         message: str,
         *,
-        kind: str = "transient",
+        kind: ModelErrorKind = "transient",
         provider: str | None = None,
         model: str | None = None,
         status: int | None = None,
         retry_after: float | None = None,
-        attempts: list[dict[str, Any]] | None = None,
+        attempts: list[ModelAttempt] | None = None,
     ) -> None:
         if kind not in MODEL_ERROR_KINDS:
             raise ValueError(
                 f"unknown ModelError kind {kind!r}; one of {sorted(MODEL_ERROR_KINDS)}"
             )
         super().__init__(message)
-        self.kind = kind
+        self.kind: ModelErrorKind = kind
         self.provider = provider
         self.model = model
         self.status = status
@@ -135,10 +140,15 @@ class LimitExceededError(CriogenError):
     saved, so nothing the run did is lost).
     """
 
-    code = "limit_exceeded"
+    code: ErrorCode = "limit_exceeded"
 
     def __init__(
-        self, message: str, *, limit: str, value: int, result: RunResult[Any] | None = None
+        self,
+        message: str,
+        *,
+        limit: LimitName,
+        value: int,
+        result: RunResult[Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.limit = limit
@@ -153,13 +163,13 @@ class ToolError(CriogenError):
     follows the agent's `on_tool_exception` policy.
     """
 
-    code = "tool_error"
+    code: ErrorCode = "tool_error"
 
 
 class ToolExecutionError(CriogenError):
     """A tool raised and `on_tool_exception="fail"`; the exception is `__cause__`."""
 
-    code = "tool_failed"
+    code: ErrorCode = "tool_failed"
 
     def __init__(self, message: str, *, tool: str, call_id: str) -> None:
         super().__init__(message)
@@ -177,19 +187,19 @@ class CancelledError(CriogenError, asyncio.CancelledError):
     `asyncio.CancelledError`. On a thread the run is saved and `retry()` continues it.
     """
 
-    code = "cancelled"
+    code: ErrorCode = "cancelled"
 
 
 class ThreadSuspendedError(CriogenError):
     """The thread waits for approval: answer with `approve`, `reject` or `decide` first."""
 
-    code = "thread_suspended"
+    code: ErrorCode = "thread_suspended"
 
 
 class ThreadBusyError(CriogenError):
     """Another run holds the thread (see the storage's `on_busy`)."""
 
-    code = "thread_busy"
+    code: ErrorCode = "thread_busy"
 
 
 class StorageError(CriogenError):
@@ -201,4 +211,4 @@ class StorageError(CriogenError):
     migrating the tables, another process's setup included, took longer than its bound),
     ..."""
 
-    code = "storage_error"
+    code: ErrorCode = "storage_error"

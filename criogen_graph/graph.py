@@ -30,6 +30,7 @@ from langgraph.types import Command
 from criogen_graph._aio import uncancelled
 from criogen_graph.adapters.storage.base import SaverMixin
 from criogen_graph.audit import SegmentAudit, answer_action
+from criogen_graph.messages import Message
 from criogen_graph.nodes.approval import ApprovalNode
 from criogen_graph.nodes.events import API_RUN
 from criogen_graph.nodes.model import ModelNode
@@ -105,15 +106,15 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
         try:
             async for chunk in super().astream(input, config, **kwargs):
                 yield chunk
-        except GraphBubbleUp:
+        except GraphBubbleUp as up:
             # Run as a subgraph, it stopped for approval: the interrupt goes up.
-            await uncancelled(self._end(seg, audit, "suspended", None))
+            await uncancelled(self._end(seg, audit, seg.outcome_after(up), None))
             raise
         except BaseException as exc:
             # A raise, a cancellation (a timeout, a client gone), or the consumer leaving.
-            await uncancelled(self._end(seg, audit, "failed", exc))
+            await uncancelled(self._end(seg, audit, seg.outcome_after(exc), exc))
             raise
-        await self._end(seg, audit, seg.outcome or "suspended", None)
+        await self._end(seg, audit, seg.outcome_after(None), None)
 
     @staticmethod
     async def _end(
@@ -189,7 +190,7 @@ def _redacted_input(input: Any, redactor: Redactor) -> Any:
     return input
 
 
-def _redacted_messages(messages: Any, redactor: Redactor) -> tuple[dict[str, Any], ...]:
+def _redacted_messages(messages: Any, redactor: Redactor) -> tuple[Message, ...]:
     items = messages if isinstance(messages, list | tuple) else [messages]
     return tuple(redact_messages(redactor, [normalize_message(m) for m in items]))
 

@@ -55,9 +55,23 @@ class Hook:
     saved state, so it must be unique among an agent's hooks.
     """
 
+    # Where a name set on the instance (`self.name = ...` in `__init__`) is kept; a class
+    # attribute `name = "..."` in a subclass replaces the property instead.
+    _criogen_hook_name: str | None = None
+
     @property
     def name(self) -> str:
-        return type(self).__name__
+        """The hook's name: set on the instance, else the class name."""
+        return self._criogen_hook_name or type(self).__name__
+
+    @name.setter
+    def name(self, value: str) -> None:
+        if not isinstance(value, str) or not value:
+            raise ValidationError(
+                f"{type(self).__name__}.name must be a non-empty str, got {value!r}",
+                code="invalid_type" if not isinstance(value, str) else "invalid_value",
+            )
+        self._criogen_hook_name = value
 
 
 class HookContext:

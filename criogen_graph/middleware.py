@@ -4,14 +4,14 @@ A `Middleware` sees the call, may change it, calls the next handler zero or more
 and may change or replace what comes back. `Agent(..., middleware=[a, b])` composes them
 with the first outermost: `a` wraps `b`, which wraps the agent's own layers.
 
-Where they run, for one model step::
+Where they run, for one model step:
 
     before_model hooks
       -> a.wrap_model_call -> b.wrap_model_call -> telemetry (a `chat` span)
          -> fallback (next model) -> retry (same model) -> model.generate
     after_model hooks
 
-and for one tool call::
+and for one tool call:
 
     before_tool hooks
       -> a.wrap_tool_call -> b.wrap_tool_call -> (argument check) -> the tool (with its
@@ -22,7 +22,7 @@ The model's retries and fallbacks are middleware too (the agent adds them from
 `model_retry`, `fallbacks` and `fallback_on`), so a middleware of yours sees one call per
 model step whatever they do inside, and the graph keeps one `model` step per call.
 
-Write one as a subclass::
+Write one as a subclass:
 
     class Cache(Middleware):
         def __init__(self) -> None:
@@ -86,7 +86,8 @@ class ToolCallRequest:
     """One tool call, as a middleware sees it: `name` and `args` after the `before_tool`
     hooks (arguments not yet checked against the schema), the `tool` that will run, and
     its `context` (run, call id, thread, state). Use `replace(...)` to change them for the
-    next handler; a changed `tool` runs instead."""
+    next handler; a changed `tool` runs instead (or, with only `name` changed, the agent's
+    tool of that name), and the result message's `tool` field names the one that ran."""
 
     name: str
     args: dict[str, Any]

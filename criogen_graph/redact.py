@@ -6,7 +6,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from criogen_graph.errors import ValidationError
 
@@ -518,13 +518,18 @@ def package_logger(name: str) -> logging.Logger:
 logger = package_logger("criogen_graph")
 
 
-def redact_messages(redactor: Redactor, messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+#: A transcript message type (`messages.Message` or one of its kinds, or a plain dict).
+_M = TypeVar("_M", bound=Mapping[str, Any])
+
+
+def redact_messages(redactor: Redactor, messages: Iterable[_M]) -> list[_M]:
     """Transcript messages with their content, reasoning and tool-call arguments
     redacted. A signed thinking block whose text the policy changes loses its signature
-    (it no longer matches, and the provider would reject it): it is not sent back."""
-    out = []
-    for m in messages:
-        m = dict(m)
+    (it no longer matches, and the provider would reject it): it is not sent back.
+    Each comes back as a copy of the same kind: the same keys, text for text."""
+    out: list[_M] = []
+    for given in messages:
+        m = dict(given)
         if isinstance(m.get("content"), str):
             m["content"] = redactor.redact(m["content"])
         if isinstance(m.get("reasoning"), str):
@@ -539,7 +544,7 @@ def redact_messages(redactor: Redactor, messages: Iterable[dict[str, Any]]) -> l
             m["tool_calls"] = [
                 {**c, "args": redactor.redact_value(c.get("args") or {})} for c in m["tool_calls"]
             ]
-        out.append(m)
+        out.append(cast(_M, m))
     return out
 
 

@@ -8,13 +8,25 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 from criogen_graph.errors import ValidationError
+from criogen_graph.messages import (
+    DecisionType,
+    LimitRecord,
+    Message,
+    ModelIdentity,
+    StopReason,
+    Usage,
+    UsageKey,
+)
 
 __all__ = ["ApprovalRequest", "Decision", "PendingApprovals", "Reply", "RunResult"]
 
+#: How a run segment ended, as `on_end` hooks, spans and the runner name it.
+Outcome = Literal["completed", "suspended", "failed"]
+
 Output = TypeVar("Output")
 
-DECISION_TYPES = ("approve", "edit", "reject", "respond")
-USAGE_KEYS = (
+DECISION_TYPES: tuple[DecisionType, ...] = ("approve", "edit", "reject", "respond")
+USAGE_KEYS: tuple[UsageKey, ...] = (
     "input_tokens",
     "output_tokens",
     "cache_read_tokens",
@@ -23,9 +35,26 @@ USAGE_KEYS = (
 )
 
 
-def empty_usage() -> dict[str, int]:
+def outcome(stop_reason: str | None, *, waiting: bool = False, error: bool = False) -> Outcome:
+    """The one rule for how a run segment ended: `"failed"` for a raise or a cancellation
+    (`error`) or a reached limit; `"suspended"` when it waits (an approval, a breakpoint:
+    `waiting`, or no stop reason yet); else `"completed"`."""
+    if error or stop_reason == "limit":
+        return "failed"
+    if waiting or stop_reason is None:
+        return "suspended"
+    return "completed"
+
+
+def empty_usage() -> Usage:
     """A usage record with every key at zero."""
-    return dict.fromkeys(USAGE_KEYS, 0)
+    return {
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "cache_read_tokens": 0,
+        "cache_write_tokens": 0,
+        "reasoning_tokens": 0,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +121,7 @@ class Decision:
     `Decision.edit(args, name=None)` or `Decision.respond(message)`.
     """
 
-    type: Literal["approve", "edit", "reject", "respond"]
+    type: DecisionType
     message: str | None = None
     args: dict[str, Any] | None = None
     name: str | None = None
@@ -181,8 +210,9 @@ class RunResult(Generic[Output]):
 
     `text` is the final answer as text (`None` when the output is not text or the run
     waits for approval); `output` the parsed answer with the agent's `output` option,
-    else the final text. `messages` is the whole transcript (plain dicts). `stop_reason`
-    is `"final_answer"`, `"output"`, `"return_direct"`, `"content_filter"`,
+    else the final text. `messages` is the whole transcript (plain dicts, typed as
+    `messages.Message`). `stop_reason` (a `messages.StopReason`) is `"final_answer"`,
+    `"output"`, `"return_direct"`, `"content_filter"`,
     `"max_tokens"` (the answer was cut off by the model's output-token cap: its text is
     kept in `messages`, its tool calls are not run; beyond the original API),
     `"hook_end"` or `"limit"`, and `None` while the run waits for approval
@@ -192,19 +222,19 @@ class RunResult(Generic[Output]):
 
     text: str | None
     output: Output | None
-    messages: list[dict[str, Any]]
-    usage: dict[str, int]
-    stop_reason: str | None
+    messages: list[Message]
+    usage: Usage
+    stop_reason: StopReason | None
     needs_approval: bool
     approvals: list[ApprovalRequest]
     model_calls: int
     tool_calls: int
     run_id: str
     duration_ms: float
-    answered_by: dict[str, str] | None = None
-    models: list[dict[str, str]] = field(default_factory=list)
+    answered_by: ModelIdentity | None = None
+    models: list[ModelIdentity] = field(default_factory=list)
     #: Which limit was reached, when `stop_reason == "limit"` (`{"limit", "value"}`).
-    limit: dict[str, Any] | None = field(default=None, repr=False)
+    limit: LimitRecord | None = field(default=None, repr=False)
 
 
 @dataclass(slots=True)

@@ -30,9 +30,9 @@ _KEY_CHECK_PLAINTEXT = "criogen-graph encryption check"
 
 
 def _safe(url: str) -> str:
-    from criogen_graph.adapters.storage.postgres import safe_url
+    from criogen_graph._urls import mask_url
 
-    return safe_url(url)
+    return mask_url(url)
 
 
 class _CheckedCipher(CipherProtocol):
@@ -200,7 +200,7 @@ class Storage:
 
     async def open(self) -> Storage:
         """Open the storage now (it also opens itself on first use)."""
-        await self._ensure_open()
+        await self.backend()
         return self
 
     @property
@@ -208,10 +208,19 @@ class Storage:
         """The open backend of the running event loop (see `LoopBackends`), or None."""
         return self._shared if self._shared is not None else self._loops.current()
 
-    async def _ensure_open(self) -> Backend:
+    async def backend(self) -> Backend:
+        """Internal: the backend of the running event loop, opened (and its encryption
+        key checked) on first use. For the runtime's own modules (threads, the run-segment
+        runner, background runs); not a stable interface for users."""
         if self._shared is not None:
             return self._shared
         return await self._loops.get()
+
+    @property
+    def serializer(self) -> SerializerProtocol | None:
+        """Internal: the serializer that seals payloads with the `encryption_key` (None
+        without one), for the background-run queue, which stores its payloads itself."""
+        return self._serde
 
     async def _prepare(self, backend: Backend) -> None:
         """A backend just opened: its key checked, the shared transcript cache in."""
@@ -295,7 +304,7 @@ class Storage:
     async def get_store(self) -> Any:
         """The LangGraph store that keeps memory facts and collections (opened on first
         use; values sealed with the `encryption_key` when there is one)."""
-        backend = await self._ensure_open()
+        backend = await self.backend()
         if self._shared is None:
             return await self._loops.store(backend, self._make_store)
         if self._shared_store is None:
@@ -335,19 +344,22 @@ class Storage:
         """
         if thread_id is not None:
             check_thread_id(thread_id)
-        backend = await self._ensure_open()
+        backend = await self.backend()
         return await backend.read_audit(thread_id, limit)
 
     async def threads(self) -> list[str]:
         """The ids of the threads kept here."""
-        backend = await self._ensure_open()
+        backend = await self.backend()
         return await backend.thread_ids()
 
-    # -- for Thread ----------------------------------------------------------------------
+    # -- for Thread and the run-segment runner ----------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _hold(self, thread_id: str) -> AsyncIterator[None]:
-        backend = await self._ensure_open()
+    async def hold(self, thread_id: str) -> AsyncIterator[None]:
+        """Internal: hold thread `thread_id` for one call that writes it (across
+        processes; the storage's `on_busy` decides what happens while another holds it).
+        For the runtime's own modules; not a stable interface for users."""
+        backend = await self.backend()
         # Every call on the thread is known here from before it takes the lock until
         # after it gave it back (remote lock included), so that a run of this process
         # that is being cancelled (a stream left with `break`, a timed-out request) is
@@ -375,6 +387,13 @@ class Storage:
                 if not entries:
                     del self._holders[thread_id]
             released.set_result(None)
+
+    def remember_transcript(
+        self, thread_id: str, checkpoint_id: str, messages: list[dict[str, Any]]
+    ) -> None:
+        """Internal: the transcript at a checkpoint this process just saved, so the next
+        run on the thread does not rebuild it from the database (see `TranscriptCache`)."""
+        self._transcripts.remember(thread_id, checkpoint_id, {"messages": messages})
 
     def _unwinding(self, thread_id: str | None = None) -> list[asyncio.Future[None]]:
         """The release of the calls of this process (on `thread_id`, or all) that were

@@ -2,30 +2,37 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from langgraph.types import Command
 
-from criogen_graph._aio import uncancelled
-from criogen_graph._observe import observe
 from criogen_graph._pins import Expected, Pin
+from criogen_graph._runner import (
+    ERROR,
+    INTERRUPT,
+    Head,
+    Prepare,
+    Start,
+    build_result,
+    check_state,
+    checkpoint_version,
+    run_on_thread,
+    user_message,
+)
 from criogen_graph.adapters.storage.base import SEGMENT, Segment, check_thread_id, record
 from criogen_graph.errors import (
     ThreadSuspendedError,
     ValidationError,
 )
 from criogen_graph.nodes.approval import APPROVAL_INTERRUPT, check_decisions, decision_details
-from criogen_graph.nodes.events import API_RUN, STREAM_SINK
 from criogen_graph.nodes.state import new_run, not_run_messages
-from criogen_graph.redact import CURRENT, effective
+from criogen_graph.redact import effective
 from criogen_graph.results import ApprovalRequest, Decision, PendingApprovals, Reply
-from criogen_graph.stream import ApprovalNeededEvent, MessageEvent, Stream, to_event
+from criogen_graph.stream import MessageEvent, Stream
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
@@ -37,71 +44,6 @@ if TYPE_CHECKING:
 __all__ = ["Thread"]
 
 Output = TypeVar("Output")
-
-# LangGraph's reserved write channels (pending writes of a checkpoint).
-_INTERRUPT = "__interrupt__"
-_ERROR = "__error__"
-
-
-class _Head:
-    """What the latest checkpoint of a thread says, read without rebuilding the
-    transcript (a `DeltaChannel` would replay its writes)."""
-
-    __slots__ = (
-        "exists",
-        "has_error",
-        "has_interrupt",
-        "id",
-        "run",
-        "source",
-        "state",
-        "step",
-        "version",
-    )
-
-    def __init__(self, tup: CheckpointTuple | None) -> None:
-        self.exists = tup is not None
-        if tup is None:
-            self.id = None
-            self.run: dict[str, Any] = {}
-            self.state: dict[str, Any] = {}
-            self.source = None
-            self.step = -2
-            self.version = 0
-            self.has_interrupt = self.has_error = False
-            return
-        self.id = tup.config["configurable"]["checkpoint_id"]
-        values = tup.checkpoint["channel_values"]
-        self.run = values.get("run") or {}
-        self.state = values.get("state") or {}
-        meta = tup.metadata or {}
-        self.source = meta.get("source")
-        self.step = int(meta.get("step", -1))
-        self.version = checkpoint_version(meta)
-        writes = tup.pending_writes or ()
-        self.has_interrupt = any(w[1] == _INTERRUPT for w in writes)
-        self.has_error = any(w[1] == _ERROR for w in writes)
-
-    @property
-    def finished(self) -> bool:
-        """The last run ended (or there was none): a new input needs no clean-up."""
-        if not self.exists:
-            return True
-        # An "input" checkpoint holds the values before its input: a run starts there.
-        return (
-            self.source != "input"
-            and self.run.get("stop_reason") is not None
-            and not self.has_error
-        )
-
-
-def checkpoint_version(meta: Mapping[str, Any]) -> int:
-    """A checkpoint's version: it grows by one with every checkpoint saved on the thread,
-    across branches (rewinds continue from the newest)."""
-    step = int(meta.get("step", -1))
-    if "criogen_v0" in meta:
-        return int(meta["criogen_v0"]) + step - int(meta["criogen_s0"])
-    return step + 2  # a checkpoint written outside the API (e.g. LangGraph Studio)
 
 
 def _unencodable(text: str) -> bool:
@@ -159,24 +101,20 @@ class Thread(Generic[Output]):
         `LimitExceededError`, `ToolExecutionError`, `CancelledError`); a failed or cancelled
         run is saved, and `retry()` continues it.
         """
-        from criogen_graph.agent import _check_state, _user_message
-
-        run_state = _check_state(state)
-        if self.agent._spec.memory is not None:
-            self.agent._spec.memory.pool(run_state)  # no model call without the scope key
-        return await self._send(
-            _user_message(input, effective(self.agent._spec.redact)), run_state, None
-        )
+        spec = self.agent.spec
+        run_state = check_state(state)
+        if spec.memory is not None:
+            spec.memory.pool(run_state)  # no model call without the scope key
+        return await self._send(user_message(input, effective(spec.redact)), run_state, None)
 
     def stream(self, input: str, *, state: Mapping[str, Any] | None = None) -> Stream[Output]:
         """`send`, streaming its events: `async for event in stream`, then
         `await stream.reply()`. Cancel with `stream.cancel()` or by leaving the loop."""
-        from criogen_graph.agent import _check_state, _user_message
-
-        user = _user_message(input, effective(self.agent._spec.redact))
-        run_state = _check_state(state)
-        if self.agent._spec.memory is not None:
-            self.agent._spec.memory.pool(run_state)
+        spec = self.agent.spec
+        user = user_message(input, effective(spec.redact))
+        run_state = check_state(state)
+        if spec.memory is not None:
+            spec.memory.pool(run_state)
         return Stream(lambda s: self._send(user, run_state, s))
 
     def stream_approve(self, *, expected: Expected | None = None) -> Stream[Output]:
@@ -218,27 +156,36 @@ class Thread(Generic[Output]):
         """`retry`, streaming the events of the run it continues."""
         return Stream(self._retry)
 
-    async def _send(
-        self, user: dict[str, Any], run_state: dict[str, Any], stream: Stream[Output] | None
+    async def send_as(
+        self, input: str, *, state: Mapping[str, Any] | None, run_id: str
     ) -> Reply[Output]:
-        async def prepare(
-            head: _Head, graph: Any, cfg: RunnableConfig
-        ) -> tuple[Any, str, dict[str, Any]]:
+        """Internal: `send`, with the run id chosen by the caller (a background job's
+        id, by which a worker taking over finds whether the send was already applied).
+        For the runtime's own modules; not a stable interface for users."""
+        user = user_message(input, effective(self.agent.spec.redact))
+        return await self._send(user, check_state(state), None, run_id)
+
+    async def _send(
+        self,
+        user: dict[str, Any],
+        run_state: dict[str, Any],
+        stream: Stream[Output] | None,
+        run_id: str | None = None,
+    ) -> Reply[Output]:
+        async def prepare(head: Head, graph: Any, cfg: RunnableConfig) -> Start:
             if head.has_interrupt and await self._suspended(graph, cfg):
                 raise self._suspended_error()
             prefix: list[dict[str, Any]] = []
             if not head.finished:
                 prefix = await self._close_unfinished(graph, cfg)
-            run_id = uuid.uuid4().hex
-            inp = {"messages": (*prefix, user), "run": new_run(run_id), "state": run_state}
+            rid = run_id or uuid.uuid4().hex
+            inp = {"messages": (*prefix, user), "run": new_run(rid), "state": run_state}
             if stream is not None:
                 for m in (*prefix, user):
                     stream.emit(MessageEvent(m))
-            return inp, run_id, {"input": user["content"]}
+            return Start(inp, rid, {"input": user["content"]})
 
-        return await self._segment(
-            "send", prepare, run_state=run_state, new_messages=[user], stream=stream
-        )
+        return await self._segment("send", prepare, stream)
 
     async def approve(self, *, expected: Expected | None = None) -> Reply[Output]:
         """Approve every pending call and continue.
@@ -290,9 +237,7 @@ class Thread(Generic[Output]):
         return await self._retry(None)
 
     async def _retry(self, stream: Stream[Output] | None) -> Reply[Output]:
-        async def prepare(
-            head: _Head, graph: Any, cfg: RunnableConfig
-        ) -> tuple[Any, str, dict[str, Any]]:
+        async def prepare(head: Head, graph: Any, cfg: RunnableConfig) -> Start:
             if not head.exists:
                 raise ValidationError(
                     f"thread {self.id!r} has nothing to retry", code="nothing_to_retry"
@@ -309,9 +254,9 @@ class Thread(Generic[Output]):
                     f"thread {self.id!r} has nothing to retry: {why}", code="nothing_to_retry"
                 )
             run_id = head.run.get("run_id") or uuid.uuid4().hex
-            return None, run_id, {}
+            return Start(None, run_id, {})
 
-        return await self._segment("retry", prepare, resume=True, stream=stream)
+        return await self._segment("retry", prepare, stream)
 
     # -- background runs ---------------------------------------------------------------------
 
@@ -392,7 +337,7 @@ class Thread(Generic[Output]):
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValidationError("history limit must be a positive int", code="invalid_value")
         storage = self.agent.storage
-        await storage._ensure_open()
+        await storage.backend()
         saver = storage.checkpointer
         out: list[dict[str, Any]] = []
         cfg: dict[str, Any] = {"configurable": {"thread_id": self.id, "checkpoint_ns": ""}}
@@ -400,7 +345,7 @@ class Thread(Generic[Output]):
             tup = await saver.aget_tuple(cfg)  # type: ignore[arg-type]
             if tup is None:
                 break
-            out.append(_entry(tup))
+            out.append(history_entry(tup))
             if tup.parent_config is None:
                 break
             cfg = dict(tup.parent_config)
@@ -418,9 +363,10 @@ class Thread(Generic[Output]):
             raise ValidationError("rewind takes a checkpoint id (a str)", code="invalid_type")
         graph, cfg = await self._graph()
         storage = self.agent.storage
-        async with storage._hold(self.id):
+        backend = await storage.backend()
+        async with storage.hold(self.id):
             saver = storage.checkpointer
-            head = _Head(await saver.aget_tuple(cfg))
+            head = Head(await saver.aget_tuple(cfg))
             target_cfg: Any = {
                 "configurable": {
                     "thread_id": self.id,
@@ -469,10 +415,10 @@ class Thread(Generic[Output]):
             finally:
                 SEGMENT.reset(token)
             if seg.audit:
-                await storage._backend.write_audit(seg.audit)  # type: ignore[union-attr]
+                await backend.write_audit(seg.audit)
             tup = await saver.aget_tuple(new_cfg)
         assert tup is not None
-        return _entry(tup)
+        return history_entry(tup)
 
     async def delete(self, *, audit: bool = False) -> bool:
         """Delete the thread and its checkpoints; `True` if it existed. Its audit records
@@ -482,7 +428,7 @@ class Thread(Generic[Output]):
         if not isinstance(audit, bool):
             raise ValidationError("delete(audit=...) takes a bool", code="invalid_type")
         storage = self.agent.storage
-        backend = await storage._ensure_open()
+        backend = await storage.backend()
         thread_id, actor = self.id, self.actor
 
         def make_record(existed: bool, removed: int) -> dict[str, Any]:
@@ -495,17 +441,42 @@ class Thread(Generic[Output]):
                 audit_deleted=removed,
             )
 
-        async with storage._hold(self.id):
+        async with storage.hold(self.id):
             existed = await backend.delete_thread(self.id, make_record, audit=audit)
         return existed
 
     # -- internals ----------------------------------------------------------------------------
 
+    async def reply_at(self, checkpoint_id: str, run_id: str) -> Reply[Output]:
+        """Internal: the `Reply` the run `run_id` ended with, rebuilt from its checkpoint
+        (a background run's result, read by any process). For the runtime's own
+        modules; not a stable interface for users."""
+        graph, _ = await self._graph()
+        cfg = {
+            "configurable": {
+                "thread_id": self.id,
+                "checkpoint_ns": "",
+                "checkpoint_id": checkpoint_id,
+            }
+        }
+        snap = await graph.aget_state(cfg)
+        result = build_result(
+            self.agent.spec,
+            dict(snap.values),
+            snap.interrupts,
+            run_id,
+            time.perf_counter(),
+            Reply,
+            version=checkpoint_version(snap.metadata or {}),
+            checkpoint_id=checkpoint_id,
+        )
+        return result  # type: ignore[return-value]
+
     async def _graph(self) -> tuple[Any, RunnableConfig]:
         storage = self.agent.storage
-        await storage._ensure_open()
-        store = await storage.get_store() if self.agent._spec.memory is not None else None
-        graph = self.agent._thread_graph(storage, store)
+        await storage.backend()
+        store = await storage.get_store() if self.agent.spec.memory is not None else None
+        graph = self.agent.thread_graph(storage, store)
         return graph, {"configurable": {"thread_id": self.id}}
 
     def _suspended_error(self) -> ThreadSuspendedError:
@@ -535,18 +506,13 @@ class Thread(Generic[Output]):
         snap = await graph.aget_state(cfg)
         return bool(self._requests(snap))
 
-    async def _close_unfinished(self, graph: Any, cfg: RunnableConfig) -> list[dict[str, Any]]:
+    async def _close_unfinished(self, graph: Any, cfg: RunnableConfig) -> list[Any]:
         """Tool messages that close a run which failed, was cancelled or was rewound into:
         the results of the calls that finished (LangGraph would drop them with the new
         input) and a "not run" answer for the others, so nothing is lost and the
         transcript stays well-formed."""
         snap = await graph.aget_state(cfg)
-        finished: dict[str, dict[str, Any]] = {}
-        for task in snap.tasks:
-            result = task.result if isinstance(task.result, Mapping) else None
-            for m in (result or {}).get("messages") or ():
-                if isinstance(m, Mapping) and m.get("role") == "tool":
-                    finished[m["tool_call_id"]] = dict(m)
+        finished = _finished_results(snap.tasks)
         # The snapshot's values include the finished tasks' writes, which the new input
         # would discard: only the others are really saved in the transcript.
         messages: list[dict[str, Any]] = snap.values.get("messages") or []
@@ -570,8 +536,8 @@ class Thread(Generic[Output]):
             # What is pending now, read before waiting for the thread: an answer queued
             # behind another must not apply to a request asked while it waited.
             storage = self.agent.storage
-            await storage._ensure_open()
-            now = _Head(
+            await storage.backend()
+            now = Head(
                 await storage.checkpointer.aget_tuple(
                     {"configurable": {"thread_id": self.id, "checkpoint_ns": ""}}
                 )
@@ -579,9 +545,7 @@ class Thread(Generic[Output]):
             pin = Pin.now(now.id, now.has_interrupt)
         pinned = pin
 
-        async def prepare(
-            head: _Head, graph: Any, cfg: RunnableConfig
-        ) -> tuple[Any, str, dict[str, Any]]:
+        async def prepare(head: Head, graph: Any, cfg: RunnableConfig) -> Start:
             snap = await graph.aget_state(cfg) if head.has_interrupt else None
             pending = self._requests(snap) if snap is not None else []
             pinned.check(
@@ -598,198 +562,18 @@ class Thread(Generic[Output]):
                 )
             interrupt_id = pending[0][0]
             requests = [r for _, r in pending]
-            asker = self.agent._spec_named(self._asking_agent(snap))
+            asker = self.agent.spec_named(self._asking_agent(snap))
             decisions = check_decisions(make(requests), requests, asker)
             run_id = head.run.get("run_id") or uuid.uuid4().hex
             details = {"decisions": decision_details(requests, decisions)}
-            return Command(resume={interrupt_id: decisions}), run_id, details
+            return Start(Command(resume={interrupt_id: decisions}), run_id, details)
 
-        return await self._segment(action, prepare, resume=True, stream=stream)
+        return await self._segment(action, prepare, stream)
 
     async def _segment(
-        self,
-        action: str,
-        prepare: Any,
-        *,
-        run_state: dict[str, Any] | None = None,
-        new_messages: list[dict[str, Any]] | None = None,
-        resume: bool = False,
-        stream: Stream[Output] | None = None,
+        self, action: str, prepare: Prepare, stream: Stream[Output] | None
     ) -> Reply[Output]:
-        own = self.agent._spec.redact
-        if own is None:
-            return await self._run_segment(action, prepare, run_state, new_messages, stream)
-        # The policy holds for the whole segment, hooks and audit records included, so
-        # the library's log records from any part of it are redacted.
-        token = CURRENT.set(effective(own))
-        try:
-            return await self._run_segment(action, prepare, run_state, new_messages, stream)
-        finally:
-            CURRENT.reset(token)
-
-    async def _run_segment(
-        self,
-        action: str,
-        prepare: Any,
-        run_state: dict[str, Any] | None,
-        new_messages: list[dict[str, Any]] | None,
-        stream: Stream[Output] | None,
-    ) -> Reply[Output]:
-        started = time.perf_counter()
-        agent = self.agent
-        storage = agent.storage
-        backend = await storage._ensure_open()
-        await agent._spec.ensure_tools()
-        store = await storage.get_store() if agent._spec.memory is not None else None
-        graph = agent._thread_graph(storage, store)
-        cfg: RunnableConfig = {"configurable": {"thread_id": self.id}}
-        async with storage._hold(self.id):
-            tup = await storage.checkpointer.aget_tuple(cfg)
-            head = _Head(tup)
-            inp, run_id, details = await prepare(head, graph, cfg)
-            seg = Segment(self.id, run_id, self.actor, head=tup, head_cached=True)
-            redactor = CURRENT.get()
-            audited = redactor.redact_value(details) if redactor is not None else details
-            seg.audit.append(record(action, self.id, run_id=run_id, actor=self.actor, **audited))
-            values: dict[str, Any] | None = None
-            token = SEGMENT.set(seg)
-            try:
-                with observe(
-                    agent._spec, action=action, run_id=run_id, thread_id=self.id, actor=self.actor
-                ) as observed:
-                    if "decisions" in details:
-                        observed.decided(details["decisions"])
-                    config: RunnableConfig = {
-                        "configurable": {"thread_id": self.id},
-                        "metadata": {
-                            "run_id": run_id,
-                            "actor": self.actor,
-                            "criogen_v0": head.version + 1,
-                            "criogen_s0": head.step + 1,
-                        },
-                        "recursion_limit": agent._config["recursion_limit"],
-                    }
-                    values, interrupts = await self._invoke(graph, inp, config, stream)
-                    if seg.deferred:
-                        # The run ended: a cancellation now must not cut its last write.
-                        await uncancelled(backend.flush_deferred(seg))
-                    if seg.last_config is not None and "messages" in values:
-                        storage.checkpointer.transcripts.remember(  # type: ignore[attr-defined]
-                            self.id,
-                            seg.last_config["configurable"]["checkpoint_id"],
-                            {"messages": values["messages"]},
-                        )
-                    result: Reply[Output] = agent._result(  # type: ignore[assignment]
-                        values,
-                        interrupts,
-                        run_id,
-                        started,
-                        cls=Reply,
-                        version=self._version(seg, head),
-                        checkpoint_id=self._checkpoint_id(seg, head),
-                    )
-                    observed.done(result)
-            except BaseException as exc:
-                # What the run wrote (and the results of the tool calls that finished)
-                # is saved before the lock goes, cancelled or not; if that fails too, the
-                # run's own error is the one to report.
-                try:
-                    await uncancelled(backend.settle(seg))
-                    if seg.deferred:
-                        await uncancelled(backend.flush_deferred(seg))
-                except Exception as save_exc:
-                    import logging
-
-                    logging.getLogger("criogen_graph").warning(
-                        "could not save the last writes of the stopped run on thread %r: %s",
-                        self.id,
-                        save_exc,
-                    )
-                await self._failed(backend, seg, exc)
-                raise
-            finally:
-                SEGMENT.reset(token)
-            if seg.audit:
-                await uncancelled(backend.write_audit(seg.audit))
-        agent._raise_for_limit(result)
-        return result
-
-    async def _failed(self, backend: Any, seg: Segment, exc: BaseException) -> None:
-        """Record a run that failed or was cancelled (`on_end` ran in the graph). The caller
-        re-raises the error: a cancellation stays the caller's own `asyncio.CancelledError`,
-        so `asyncio.timeout`, `wait_for` and `TaskGroup` see the cancellation they made."""
-        cancelled = isinstance(exc, asyncio.CancelledError)
-        await self._after_failure(backend, seg, "run_cancelled" if cancelled else "run_failed", exc)
-
-    async def _invoke(
-        self, graph: Any, inp: Any, config: RunnableConfig, stream: Stream[Output] | None
-    ) -> tuple[dict[str, Any], tuple[Any, ...]]:
-        """Run the graph with `ainvoke`; a streamed run hands the nodes a sink that turns
-        their payloads into events of `stream` as they are written. Returns the final
-        values and the interrupts.
-
-        Durability is "sync": each step is saved before the next one starts, so no tool
-        runs with a call id that a crash could take back (the model would be asked again
-        and answer with other ids), and a finished step is never lost."""
-        if stream is not None:
-            config["configurable"][STREAM_SINK] = _sink(stream)
-        api_run = API_RUN.set(True)
-        try:
-            out = await graph.ainvoke(inp, config, version="v2", durability="sync")
-        finally:
-            API_RUN.reset(api_run)
-        values, interrupts = out.value, out.interrupts
-        if stream is None:
-            return values, interrupts
-        requests = [
-            ApprovalRequest.from_dict(r)
-            for intr in interrupts
-            if isinstance(intr.value, Mapping) and intr.value.get("type") == APPROVAL_INTERRUPT
-            for r in intr.value["requests"]
-        ]
-        if requests:
-            stream.emit(ApprovalNeededEvent(requests))
-        return values, interrupts
-
-    async def _after_failure(
-        self, backend: Any, seg: Segment, action: str, exc: BaseException
-    ) -> None:
-        records = [*seg.audit]
-        seg.audit = []
-        # The error text can carry what a tool, hook or provider was given: redacted
-        # before it is cut, so no secret is kept in part.
-        redactor = CURRENT.get()
-        message = redactor.redact(str(exc)) if redactor is not None else str(exc)
-        records.append(
-            record(
-                action,
-                self.id,
-                run_id=seg.run_id,
-                actor=self.actor,
-                error=type(exc).__name__,
-                message=message[:2000],
-            )
-        )
-        try:
-            await uncancelled(backend.write_audit(records))
-        except Exception as audit_exc:  # the run's own error matters more
-            import logging
-
-            logging.getLogger("criogen_graph").warning(
-                "could not record %s for thread %r: %s", action, self.id, audit_exc
-            )
-
-    @staticmethod
-    def _version(seg: Segment, head: _Head) -> int:
-        if seg.last_config is None or seg.last_step is None:
-            return head.version
-        return head.version + 1 + seg.last_step - (head.step + 1)
-
-    @staticmethod
-    def _checkpoint_id(seg: Segment, head: _Head) -> str:
-        if seg.last_config is None:
-            return head.id or ""
-        return str(seg.last_config["configurable"]["checkpoint_id"])
+        return await run_on_thread(self.agent, self.id, self.actor, action, prepare, stream)
 
 
 def _error_type(error: Any) -> str:
@@ -800,48 +584,45 @@ def _error_type(error: Any) -> str:
     return str(error).lstrip("'\"").split("(", 1)[0]
 
 
-def _entry(tup: CheckpointTuple) -> dict[str, Any]:
+def _finished_results(tasks: Any) -> dict[str, dict[str, Any]]:
+    """The tool messages of the snapshot's tasks that finished, by call id."""
+    finished: dict[str, dict[str, Any]] = {}
+    for task in tasks:
+        result = task.result if isinstance(task.result, Mapping) else None
+        for m in (result or {}).get("messages") or ():
+            if isinstance(m, Mapping) and m.get("role") == "tool":
+                finished[m["tool_call_id"]] = dict(m)
+    return finished
+
+
+def history_entry(tup: CheckpointTuple) -> dict[str, Any]:
+    """One entry of `Thread.history()` for checkpoint `tup`: `{id, parent_id, version,
+    source, status, run_id, step, created_at_ms}`."""
     meta = tup.metadata or {}
-    writes = tup.pending_writes or ()
-    run = tup.checkpoint["channel_values"].get("run") or {}
-    errors = [w[2] for w in writes if w[1] == _ERROR]
-    if any(w[1] == _INTERRUPT for w in writes):
-        status = "suspended"
-    elif meta.get("source") == "input" and not errors:
-        status = "pending"
-    elif errors:
-        # A failing call cancels the other calls of its step: the failure is the story.
-        status = "cancelled" if all("Cancelled" in _error_type(e) for e in errors) else "failed"
-    elif run.get("stop_reason") is not None:
-        status = "completed"
-    else:
-        status = "pending"
     parent = tup.parent_config
     return {
         "id": tup.config["configurable"]["checkpoint_id"],
         "parent_id": parent["configurable"]["checkpoint_id"] if parent else None,
         "version": checkpoint_version(meta),
         "source": meta.get("source"),
-        "status": status,
+        "status": _status(tup),
         "run_id": meta.get("run_id"),
         "step": meta.get("step"),
         "created_at_ms": _ms(tup.checkpoint.get("ts")),
     }
 
 
-def _sink(stream: Stream[Any]) -> Callable[[dict[str, Any]], None]:
-    """What the nodes of a streamed run hand their event payloads to: each becomes an
-    event of `stream` at once (from a thread of a model's or tool's own, via the loop)."""
-    loop = asyncio.get_running_loop()
-    loop_thread = threading.get_ident()
-
-    def sink(payload: dict[str, Any]) -> None:
-        event = to_event(payload)
-        if event is None:
-            return
-        if threading.get_ident() == loop_thread:
-            stream.emit(event)
-        else:
-            loop.call_soon_threadsafe(stream.emit, event)
-
-    return sink
+def _status(tup: CheckpointTuple) -> str:
+    """A checkpoint's status in the history: suspended, pending, cancelled, failed or
+    completed."""
+    writes = tup.pending_writes or ()
+    errors = [w[2] for w in writes if w[1] == ERROR]
+    if any(w[1] == INTERRUPT for w in writes):
+        return "suspended"
+    if errors:
+        # A failing call cancels the other calls of its step: the failure is the story.
+        return "cancelled" if all("Cancelled" in _error_type(e) for e in errors) else "failed"
+    if (tup.metadata or {}).get("source") == "input":
+        return "pending"  # the values before an input: its run has not saved a step
+    run = tup.checkpoint["channel_values"].get("run") or {}
+    return "completed" if run.get("stop_reason") is not None else "pending"

@@ -211,6 +211,15 @@ class FunctionTool(Tool):
         tool_name = name or getattr(fn, "__name__", None) or ""
         summary, param_docs = _parse_docstring(inspect.getdoc(fn) or "")
         self._model, self._ctx_param, self._fields = _signature_model(fn, tool_name, param_docs)
+        if not (description if description is not None else summary).strip():
+            # The description is all the model knows about when to call the tool, so a
+            # tool without one is a mistake to catch where it is written, not at run time.
+            raise ValidationError(
+                f"tool {tool_name!r} has no description: give the function a docstring "
+                f"(its first paragraph tells the model what the tool does) or pass "
+                f"@tool(description=...)",
+                code="missing",
+            )
         parameters = _clean_schema(self._model.model_json_schema())
         super().__init__(
             tool_name,

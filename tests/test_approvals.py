@@ -350,7 +350,7 @@ async def test_studio_style_plain_json_answers(storage: Storage, thread_id: str)
     script, _ = scripted(("refund", {"order_id": "A-1"}))
     agent = make_agent(storage, ledger, script)
     reply = await agent.thread(thread_id).send("refund")
-    graph = agent._thread_graph(storage)
+    graph = agent.thread_graph(storage)
     cfg: Any = {"configurable": {"thread_id": thread_id}}
     snap = await graph.aget_state(cfg)
     (intr,) = snap.interrupts

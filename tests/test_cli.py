@@ -536,7 +536,7 @@ def test_threads_reject_and_decide(tmp_path: Path) -> None:
         cwd,
         ["threads", "reject", rejected, *agent, "--reason", "not today"],
         ["threads", "decide", decided, *agent, "--json", "{bad"],
-        ["threads", "decide", decided, *agent, "--json", "[1]"],
+        ["threads", "decide", decided, *agent, "--json", "1"],
         ["threads", "decide", decided, "--json", '{"x": "approve"}'],
     )
     assert reject.returncode == 0, reject.stderr
@@ -559,6 +559,101 @@ def test_threads_reject_and_decide(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "written: Y (edited)" in proc.stdout
     assert ledger(cwd) == ["Y (edited)"]
+
+
+def test_threads_decide_takes_one_decision_or_a_list(tmp_path: Path) -> None:
+    cwd = workdir(tmp_path)
+    # One database per thread: the answers run at once, each writing its own file.
+    threads = {name: f"{name}-{uuid.uuid4().hex[:8]}" for name in ("one", "obj", "list", "few")}
+    calls = {
+        name: asyncio.run(_waiting_thread(cwd / f"{name}.db", tid, f"{name}1", f"{name}2"))
+        for name, tid in threads.items()
+    }
+
+    def decide(name: str, decisions: str) -> list[str]:
+        return [
+            "threads",
+            "decide",
+            threads[name],
+            "--storage",
+            f"sqlite:///{name}.db",
+            "--agent",
+            "cli_agent:agent",
+            "--json",
+            decisions,
+        ]
+
+    one, obj, listed, too_few = cli_all(
+        cwd,
+        decide("one", '"approve"'),
+        decide("obj", '{"type": "reject", "message": "not today"}'),
+        decide("list", '["reject", {"type": "edit", "args": {"entry": "list2 (edited)"}}]'),
+        decide("few", '["approve"]'),
+    )
+    for proc in (one, obj, listed):
+        assert proc.returncode == 0, proc.stderr
+        assert "the run ended (final_answer)" in proc.stdout
+    assert "written: one1" in one.stdout and "written: one2" in one.stdout
+    assert obj.stdout.count("[rejected]") == 2 and "not today" in obj.stdout
+    assert "written: list2 (edited)" in listed.stdout and "[rejected]" in listed.stdout
+    assert sorted(ledger(cwd)) == ["list2 (edited)", "one1", "one2"]
+    assert too_few.returncode == 1
+    call_ids = ", ".join(calls["few"])
+    assert too_few.stderr == (
+        f"error: --json lists 1 decision(s) but 2 call(s) wait ({call_ids}): give one per "
+        "call, in that order, or key them by call id\n"
+    )
+    # The list answers the calls in the order `threads pending` shows them.
+    (audit,) = cli_all(
+        cwd, ["threads", "--storage", "sqlite:///list.db", "audit", threads["list"], "--json"]
+    )
+    (record,) = [r for r in json.loads(audit.stdout) if r["action"] == "decide"]
+    assert [d["call_id"] for d in record["details"]["decisions"]] == calls["list"]
+    assert [d["decision"]["type"] for d in record["details"]["decisions"]] == ["reject", "edit"]
+    pending = cli(
+        cwd, "threads", "--storage", "sqlite:///few.db", "pending", threads["few"], "--json"
+    )
+    assert [r["call_id"] for r in json.loads(pending.stdout)] == calls["few"]  # still waits
+
+
+def test_threads_decide_refuses_malformed_decisions(capsys: pytest.CaptureFixture[str]) -> None:
+    from criogen_graph._cli import main
+
+    base = ["threads", "decide", "t", "--agent", "a:b", "--json"]
+    for decisions, message in (
+        ("{bad", "argument --json: invalid JSON (Expecting property name"),
+        ("'approve'", "argument --json: invalid JSON (Expecting value"),
+        ('"maybe"', "the decision: a decision given as text must be 'approve' or 'reject'"),
+        ('{"type": "respond"}', "the decision: a 'respond' decision needs a message"),
+        ('{"call_a": "approve", "call_b": 3}', "call 'call_b': a decision must be"),
+        ('["approve", 1]', "decision 1 of the list: a decision must be a Decision"),
+        ("null", 'expected a JSON object {"call_id": decision, ...}, one decision'),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main([*base, decisions])
+        assert exc.value.code == 2, decisions
+        assert message in capsys.readouterr().err, decisions
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import tomllib
+
+    import criogen_graph
+    from criogen_graph._cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert capsys.readouterr().out == f"criogen-graph {project['version']}\n"
+    assert criogen_graph.__version__ == project["version"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "criogen_graph", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (proc.returncode, proc.stdout) == (0, f"criogen-graph {project['version']}\n")
 
 
 def test_cli_errors_and_exit_codes(tmp_path: Path) -> None:

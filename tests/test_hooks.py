@@ -416,3 +416,31 @@ async def test_on_end_outcomes_and_it_cannot_change_them() -> None:
             hooks=[Watch()],
         ).run("go")
     assert outcomes == ["completed", "suspended", "failed", "failed"]
+
+
+class _NamedInInit(Hook):
+    """A hook configured per instance: its name is set in `__init__`."""
+
+    def __init__(self, name: str, fail: bool = False) -> None:
+        self.name = name
+        self.fail = fail
+
+    def before_model(self, ctx: HookContext) -> None:
+        if self.fail:
+            raise RuntimeError("boom")
+
+
+async def test_a_hook_may_set_its_name_in_init() -> None:
+    first, second = _NamedInInit("audit-eu"), _NamedInInit("audit-us", fail=True)
+    assert (first.name, second.name) == ("audit-eu", "audit-us")
+    assert Hook().name == "Hook"  # unset: the class name, as before
+    # Two instances of one class are two hooks because their names differ.
+    agent = Agent(FakeModel(["hi"]), hooks=[first, second])
+    with pytest.raises(HookFailedError) as info:
+        await agent.run("x")
+    assert "'audit-us'" in str(info.value)
+    with pytest.raises(ValidationError) as bad:
+        _NamedInInit("")
+    assert bad.value.code == "invalid_value"
+    with pytest.raises(ValidationError, match="unique"):
+        Agent(FakeModel(["hi"]), hooks=[_NamedInInit("same"), _NamedInInit("same")])

@@ -106,7 +106,8 @@ def test_import_criogen_graph_does_not_load_mcp() -> None:
 
 def test_missing_mcp_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "mcp", None)
-    with pytest.raises(ImportError, match=r"pip install 'criogen-graph\[mcp\]'"):
+    # From a checkout (`-e .`) or, once published, by name.
+    with pytest.raises(ImportError, match=r"pip install (-e '\.|'criogen-graph)\[mcp\]'"):
         McpServer.stdio("some-server")
 
 
@@ -548,7 +549,7 @@ async def test_http_server_that_cannot_be_reached() -> None:
     message = str(info.value)
     assert message.startswith(
         f"MCP server '127.0.0.1:{port}/mcp' could not be reached at "
-        f"http://127.0.0.1:{port}/mcp: ConnectError"
+        f"http://user:***@127.0.0.1:{port}/mcp?key=***: ConnectError"
     )
     assert "secret" not in message
 

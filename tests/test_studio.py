@@ -39,7 +39,7 @@ def require_studio() -> None:
     missing = [m for m in STUDIO_MODULES if importlib.util.find_spec(m) is None]
     if not missing:
         return
-    problem = f"{', '.join(missing)} not installed (pip install 'criogen-graph[studio]')"
+    problem = f"{', '.join(missing)} not installed (pip install -e '.[studio]' in the criogen_graph checkout)"
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI must run the Studio tests: {problem}")
     pytest.skip(problem)

@@ -444,3 +444,25 @@ def test_annotated_descriptions() -> None:
         return x
 
     assert f.spec()["parameters"]["properties"]["x"]["description"] == "How many."
+
+
+def test_a_tool_without_docstring_or_description_fails_at_decoration() -> None:
+    def lookup(order_id: str) -> str:
+        return order_id
+
+    with pytest.raises(ValidationError) as info:
+        tool(lookup)
+    assert info.value.code == "missing"
+    assert "'lookup'" in str(info.value) and "docstring" in str(info.value)
+    with pytest.raises(ValidationError):
+        tool(name="find")(lookup)
+    with pytest.raises(ValidationError):
+        tool(description="   ")(lookup)
+    # Either source of a description is enough.
+    assert tool(description="Look an order up.")(lookup).description == "Look an order up."
+
+    def documented(order_id: str) -> str:
+        """Look an order up."""
+        return order_id
+
+    assert tool(documented).description == "Look an order up."

@@ -13,6 +13,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import Iterator
+from contextvars import ContextVar
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,12 @@ from uuid import UUID
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.messages import BaseMessage, HumanMessage, ToolMessage
-from langchain_core.outputs import LLMResult
+from langchain_core.messages import AIMessageChunk, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.outputs import ChatGenerationChunk, LLMResult
+from langchain_core.tracers.context import register_configure_hook
 
-from criogen_graph import Agent, FakeModel, FakeReply, ModelError, Redactor, tool
+from criogen_graph import Agent, FakeModel, FakeReply, ModelError, Redactor, TextEvent, tool
+from criogen_graph.adapters.models.base import ModelRequest, ModelResponse
 
 SECRET = "jane.doe@example.com"
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +50,13 @@ class Recorder(BaseCallbackHandler):
         parent_run_id: UUID | None = None,
         **kw: Any,
     ) -> None:
-        self._add("chain", run_id, parent_run_id, name=kw.get("name"))
+        self._add("chain", run_id, parent_run_id, inputs=inputs, **kw)
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kw: Any) -> None:
+        self._add("chain_end", run_id, kw.get("parent_run_id"), outputs=outputs)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kw: Any) -> None:
+        self._add("chain_error", run_id, kw.get("parent_run_id"), error=error)
 
     def on_chat_model_start(
         self,
@@ -59,6 +68,9 @@ class Recorder(BaseCallbackHandler):
         **kw: Any,
     ) -> None:
         self._add("chat", run_id, parent_run_id, messages=messages, **kw)
+
+    def on_llm_new_token(self, token: str, *, run_id: UUID, **kw: Any) -> None:
+        self._add("token", run_id, kw.get("parent_run_id"), token=token, chunk=kw.get("chunk"))
 
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kw: Any) -> None:
         self._add("llm_end", run_id, kw.get("parent_run_id"), response=response)
@@ -83,8 +95,17 @@ class Recorder(BaseCallbackHandler):
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kw: Any) -> None:
         self._add("tool_error", run_id, kw.get("parent_run_id"), error=error)
 
+    def on_llm_start(self, serialized: Any, prompts: list[str], *, run_id: UUID, **kw: Any) -> None:
+        self._add("llm", run_id, kw.get("parent_run_id"), prompts=prompts, **kw)
+
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["kind"] == kind]
+
+
+#: A handler LangChain adds to every run configured while it is set (as LangSmith's tracer
+#: is, from the environment): how a handler reaches runs made through our API.
+_CONTEXT_HANDLER: ContextVar[Recorder | None] = ContextVar("test_handler", default=None)
+register_configure_hook(_CONTEXT_HANDLER, inheritable=True)
 
 
 @tool
@@ -197,12 +218,185 @@ async def test_every_text_a_handler_receives_is_redacted() -> None:
     assert SECRET not in received
 
 
+async def test_through_the_api_no_run_a_handler_sees_carries_an_unredacted_text() -> None:
+    # Node runs too (their inputs and outputs are the graph's state): the user's message,
+    # tool arguments and results, answers, streamed text and error texts all carry the
+    # secret before redaction.
+    agent = Agent(
+        FakeModel(
+            [
+                FakeReply.tool_call("lookup", {"order_id": SECRET}, id="c1"),
+                FakeReply.tool_call("broken", {"note": SECRET}, id="c2"),
+                FakeReply.text(f"Mailed {SECRET}."),
+                FakeReply.text(
+                    f"Again to {SECRET}.", chunks=["Again to ", "jane.", "doe@ex", "ample.com."]
+                ),
+                FakeReply.error("bad_request", f"refused {SECRET}"),
+            ]
+        ),
+        tools=[lookup, broken],
+        redact=Redactor.pii(),
+    )
+    handler = Recorder()
+    thread = agent.thread("t-redacted")
+    token = _CONTEXT_HANDLER.set(handler)
+    try:
+        assert (await thread.send(f"write to {SECRET}")).text == "Mailed [EMAIL]."
+        stream = thread.stream(f"and again to {SECRET}")
+        assert [e async for e in stream] and (await stream.reply()).text == "Again to [EMAIL]."
+        with pytest.raises(ModelError):
+            await thread.send(f"once more, {SECRET}")
+    finally:
+        _CONTEXT_HANDLER.reset(token)
+    kinds = {e["kind"] for e in handler.events}
+    assert kinds >= {"chain", "chain_end", "chain_error", "chat", "token", "llm_end"}
+    assert kinds >= {"llm_error", "tool", "tool_end", "tool_error"}
+    received = repr(handler.events)
+    assert "write to" in received and "Again to" in received and "refused" in received
+    assert SECRET not in received
+
+
 async def test_no_handler_no_runs_and_the_same_answer() -> None:
     agent = Agent(
         FakeModel([FakeReply.tool_call("lookup", {"order_id": "A-1"}), "done"]), tools=[lookup]
     )
     out = await agent.graph.ainvoke(start("go"))
     assert out["messages"][-1]["content"] == "done"
+
+
+async def test_streamed_text_is_reported_as_new_tokens_of_the_chat_model_run() -> None:
+    answer = "Your order A-1 left the depot this morning and arrives on Friday."
+    agent = Agent(
+        FakeModel([FakeReply.text(answer, chunks=[answer[i : i + 7] for i in range(0, 70, 7)])])
+    )
+    handler = Recorder()
+    # Run by LangGraph itself, the model streams (to the graph's `custom` stream mode).
+    await agent.graph.ainvoke(start("where is A-1?"), {"callbacks": [handler]})
+    kinds = [e["kind"] for e in handler.events if e["kind"] in ("chat", "token", "llm_end")]
+    assert kinds[0] == "chat" and kinds[-1] == "llm_end"
+    assert set(kinds[1:-1]) == {"token"}
+    (chat,) = handler.of("chat")
+    tokens = handler.of("token")
+    assert len(tokens) == 10
+    assert "".join(t["token"] for t in tokens) == answer
+    assert {t["run"] for t in tokens} == {chat["run"]}
+    (end,) = handler.of("llm_end")
+    final = end["response"].generations[0][0].message
+    for t in tokens:
+        # As LangChain's chat models send them: chunks of the final message (same id).
+        assert isinstance(t["chunk"], ChatGenerationChunk)
+        assert isinstance(t["chunk"].message, AIMessageChunk)
+        assert t["chunk"].message.content == t["token"]
+        assert t["chunk"].message.id == final.id is not None
+
+
+async def test_streamed_tokens_are_redacted_and_secrets_never_split() -> None:
+    answer = f"I will mail the label to {SECRET} today. " + "Thanks for waiting. " * 20
+    pieces = [answer[i : i + 5] for i in range(0, len(answer), 5)]
+    agent = Agent(FakeModel([FakeReply.text(answer, chunks=pieces)]), redact=Redactor.pii())
+    handler = Recorder()
+    await agent.graph.ainvoke(start(f"mail {SECRET}"), {"callbacks": [handler]})
+    tokens = [t["token"] for t in handler.of("token")]
+    assert len(tokens) > 1
+    sent = "".join(tokens)
+    (end,) = handler.of("llm_end")
+    final = end["response"].generations[0][0].message.content
+    assert sent == final and "mail the label to" in sent
+    assert SECRET not in sent and not any(SECRET[:8] in t for t in tokens)
+    assert SECRET not in repr(handler.events)
+
+
+async def test_a_model_call_that_fails_after_streaming_reports_its_tokens_then_the_error() -> None:
+    class Broken(FakeModel):
+        async def generate(self, request: ModelRequest) -> ModelResponse:
+            assert request.on_text is not None
+            request.on_text("Let me check")
+            raise ModelError("the stream broke", kind="bad_request")
+
+    handler = Recorder()
+    agent = Agent(Broken([]))
+    with pytest.raises(ModelError):
+        await agent.graph.ainvoke(start("go"), {"callbacks": [handler]})
+    kinds = [e["kind"] for e in handler.events if e["kind"] in ("chat", "token", "llm_error")]
+    assert kinds == ["chat", "token", "llm_error"]
+    assert handler.of("token")[0]["token"] == "Let me check"
+
+
+async def test_through_the_api_a_streamed_reply_reports_its_tokens_send_does_not_stream() -> None:
+    answer = "Shipped on Monday, arriving Thursday."
+    pieces = ["Shipped on ", "Monday, ", "arriving Thursday."]
+    agent = Agent(FakeModel([FakeReply.text(answer, chunks=pieces), "Again."]))
+    thread = agent.thread("t-1")
+    handler = Recorder()
+    token = _CONTEXT_HANDLER.set(handler)
+    try:
+        stream = thread.stream("where is it?")
+        texts = [e.text async for e in stream if isinstance(e, TextEvent)]
+        assert (await stream.reply()).text == answer
+        streamed = [t["token"] for t in handler.of("token")]
+        assert (await thread.send("and again?")).text == "Again."
+    finally:
+        _CONTEXT_HANDLER.reset(token)
+    assert streamed == texts == pieces
+    assert len(handler.of("chat")) == 2
+    # `send` does not stream: its chat-model run has no tokens.
+    assert [t["token"] for t in handler.of("token")] == pieces
+    last = handler.of("llm_end")[-1]["response"].generations[0][0].message
+    assert last.content == "Again."
+
+
+async def test_handlers_that_ignore_a_kind_of_run_or_implement_none_of_its_events() -> None:
+    class NoChat(Recorder):
+        ignore_llm = True
+        ignore_chat_model = True
+
+    class NoTools(Recorder):
+        ignore_agent = True
+
+    class Silent(BaseCallbackHandler):
+        """Implements no event: LangChain calls nothing that does anything."""
+
+    class Tokens(BaseCallbackHandler):
+        """Implements one event only: it is sent the whole chat-model run."""
+
+        def __init__(self) -> None:
+            self.tokens: list[str] = []
+
+        def on_llm_new_token(self, token: str, **kw: Any) -> None:
+            self.tokens.append(token)
+
+    agent = Agent(
+        FakeModel(
+            [
+                FakeReply.tool_call("lookup", {"order_id": "A-1"}, id="c1"),
+                FakeReply.text("Shipped.", chunks=["Ship", "ped."]),
+            ]
+        ),
+        tools=[lookup],
+    )
+    no_chat, no_tools, both, tokens = NoChat(), NoTools(), Recorder(), Tokens()
+    await agent.graph.ainvoke(
+        start("where is A-1?"), {"callbacks": [no_chat, Silent(), no_tools, both, tokens]}
+    )
+    assert no_chat.of("chat") == no_chat.of("llm_end") == no_chat.of("token") == []
+    assert len(no_chat.of("tool")) == len(no_chat.of("tool_end")) == 1
+    assert no_tools.of("tool") == no_tools.of("tool_end") == []
+    assert len(no_tools.of("chat")) == len(no_tools.of("llm_end")) == 2
+    assert [len(both.of(k)) for k in ("chat", "llm_end", "tool", "tool_end")] == [2, 2, 1, 1]
+    assert tokens.tokens == ["Ship", "ped."]
+    # Every handler still sees the graph's node runs.
+    assert len(no_chat.of("chain")) == len(no_tools.of("chain")) == len(both.of("chain")) == 4
+
+
+async def test_langgraph_messages_stream_mode_shows_the_streamed_chunks_once() -> None:
+    answer = "Shipped on Monday."
+    agent = Agent(FakeModel([FakeReply.text(answer, chunks=["Shipped ", "on ", "Monday."])]))
+    seen: list[Any] = []
+    async for message, _meta in agent.graph.astream(start("where?"), stream_mode="messages"):
+        seen.append(message)
+    assert [m.content for m in seen] == ["Shipped ", "on ", "Monday."]
+    assert all(isinstance(m, AIMessageChunk) for m in seen)
+    assert len({m.id for m in seen}) == 1
 
 
 # -- LangSmith, from the environment, to a receiver on 127.0.0.1 ---------------------------

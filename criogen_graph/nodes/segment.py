@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
+from langgraph.errors import GraphBubbleUp
 
 from criogen_graph._aio import cancel_pending
 from criogen_graph.hooks import (
@@ -36,6 +37,7 @@ from criogen_graph.hooks import (
 )
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.redact import logger
+from criogen_graph.results import Outcome, outcome
 
 #: Where the nodes find the segment of the invocation they run in.
 SEGMENT_KEY = "__criogen_run_segment"
@@ -79,7 +81,8 @@ class RunSegment:
         self.messages: list[dict[str, Any]] = []
         self.new: list[dict[str, Any]] = []
         self.run: Mapping[str, Any] = _EMPTY
-        self.outcome: str | None = None
+        #: The outcome the nodes noted (None: no node saw the run end or wait).
+        self.outcome: Outcome | None = None
         #: Tool messages of the segment, for audit records (when `note_records`).
         self.records: list[dict[str, Any]] = []
         #: The approval answer's decisions as audit details (when `note_records`).
@@ -144,7 +147,17 @@ class RunSegment:
         self.new = new
         self.run = run
         if run.get("stop_reason") is not None:
-            self.outcome = "failed" if run["stop_reason"] == "limit" else "completed"
+            self.outcome = outcome(run["stop_reason"])
+
+    def outcome_after(self, exc: BaseException | None) -> Outcome:
+        """How the invocation ended, by the one rule (`results.outcome`): a raise or a
+        cancellation failed it, an interrupt going up (run as a subgraph) suspended it;
+        otherwise as the nodes noted it (none did: it stopped before the end, it waits)."""
+        if isinstance(exc, GraphBubbleUp):
+            return outcome(None, waiting=True)
+        if exc is not None:
+            return outcome(None, error=True)
+        return self.outcome or outcome(None)
 
     # -- for the graph's `astream` --------------------------------------------------------
 

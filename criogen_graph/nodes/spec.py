@@ -11,6 +11,7 @@ from criogen_graph.adapters.models.base import Model
 from criogen_graph.approvals import Approval
 from criogen_graph.errors import ValidationError
 from criogen_graph.hooks import CompiledHooks
+from criogen_graph.messages import SystemMessage
 from criogen_graph.middleware import Middleware
 from criogen_graph.options import Limits, Retry
 from criogen_graph.tools import Tool, ToolSource
@@ -40,7 +41,7 @@ class AgentSpec:
     spans: Any = None
     #: The agent's `Redactor`.
     redact: Any = None
-    system_message: dict[str, Any] | None = field(init=False, default=None)
+    system_message: SystemMessage | None = field(init=False, default=None)
     tool_specs: list[dict[str, Any]] = field(init=False, default_factory=list)
     loaded: bool = field(init=False, default=False)
     _loading: asyncio.Lock | None = field(init=False, default=None)

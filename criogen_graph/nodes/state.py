@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Sequence
-from typing import Annotated, Any, TypedDict
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, TypedDict, cast
 
 from langgraph.channels.delta import DeltaChannel
 
+from criogen_graph.messages import (
+    Message,
+    RunRecord,
+    ToolCallData,
+    ToolMessage,
+    ToolStatus,
+    Usage,
+)
 from criogen_graph.results import USAGE_KEYS, empty_usage
 
 _LC_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
@@ -34,45 +42,51 @@ def _lc_content(content: Any) -> Any:
     return content
 
 
-def normalize_message(m: Any) -> dict[str, Any]:
+def normalize_message(m: object) -> Message:
     """A transcript dict from a dict, a `(role, text)` pair, a string (a user message) or
     a LangChain message or its dict form (`{"type": "human", "content": ...}`, what
-    LangGraph Studio's chat sends)."""
+    LangGraph Studio sends).
+
+    This is where messages from outside (a caller, a hook, Studio, a checkpoint) enter the
+    transcript: a dict with a `role` is taken as the message it says it is."""
     if type(m) is dict and "role" in m:
-        return m
+        return cast(Message, m)
     if isinstance(m, str):
         return {"role": "user", "content": m}
     if isinstance(m, tuple) and len(m) == 2:
-        role = _LC_ROLES.get(m[0], m[0])
-        return {"role": role, "content": m[1]}
+        return cast(Message, {"role": _LC_ROLES.get(m[0], m[0]), "content": m[1]})
     if isinstance(m, dict):
         kind = m.get("type")
-        if kind in _LC_ROLES:
-            out = {"role": _LC_ROLES[kind], "content": _lc_content(m.get("content", ""))}
-            if m.get("tool_calls"):
-                out["tool_calls"] = [
-                    {"id": c.get("id"), "name": c.get("name"), "args": c.get("args") or {}}
-                    for c in m["tool_calls"]
-                ]
-            if m.get("tool_call_id"):
-                out["tool_call_id"] = m["tool_call_id"]
-            return out
-        raise ValueError(f"a message needs a 'role' (user, assistant, tool, system): {m!r}")
+        role = _LC_ROLES.get(kind) if isinstance(kind, str) else None
+        if role is None:
+            raise ValueError(f"a message needs a 'role' (user, assistant, tool, system): {m!r}")
+        return _from_langchain(
+            role, m.get("content", ""), m.get("tool_calls"), m.get("tool_call_id")
+        )
     kind = getattr(m, "type", None)
     if kind in _LC_ROLES and hasattr(m, "content"):
-        out = {"role": _LC_ROLES[kind], "content": _lc_content(m.content)}
-        if getattr(m, "tool_calls", None):
-            out["tool_calls"] = [
-                {"id": c.get("id"), "name": c["name"], "args": c.get("args") or {}}
-                for c in m.tool_calls
-            ]
-        if getattr(m, "tool_call_id", None):
-            out["tool_call_id"] = m.tool_call_id
-        return out
+        return _from_langchain(
+            _LC_ROLES[kind],
+            m.content,
+            getattr(m, "tool_calls", None),
+            getattr(m, "tool_call_id", None),
+        )
     raise ValueError(f"cannot read {m!r} as a message")
 
 
-def append_messages(state: list[dict[str, Any]], writes: Sequence[Any]) -> list[dict[str, Any]]:
+def _from_langchain(role: str, content: Any, calls: Any, call_id: Any) -> Message:
+    """A transcript message from the parts of a LangChain message (or its dict form)."""
+    out: dict[str, Any] = {"role": role, "content": _lc_content(content)}
+    if calls:
+        out["tool_calls"] = [
+            {"id": c.get("id"), "name": c.get("name"), "args": c.get("args") or {}} for c in calls
+        ]
+    if call_id:
+        out["tool_call_id"] = call_id
+    return cast(Message, out)
+
+
+def append_messages(state: list[Message], writes: Sequence[Any]) -> list[Message]:
     """The `messages` reducer: appends each write (a message or a list of them).
 
     It is batching-invariant, as `DeltaChannel` requires, so checkpoints store only what
@@ -101,19 +115,17 @@ def append_messages(state: list[dict[str, Any]], writes: Sequence[Any]) -> list[
     return out
 
 
-def _unanswered(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _unanswered(messages: list[Message]) -> list[ToolCallData]:
     """The calls of the last assistant message that have no result after it."""
     # Counted, not a set: a thread saved before call ids were made unique may hold two
     # calls with one id, and one result must not answer both.
     answered: Counter[Any] = Counter()
     for m in reversed(messages):
-        role = m.get("role")
-        if role == "tool":
+        if m["role"] == "tool":
             answered[m.get("tool_call_id")] += 1
-        elif role == "assistant":
-            calls = m.get("tool_calls")
+        elif m["role"] == "assistant":
             out = []
-            for c in calls or ():
+            for c in m.get("tool_calls") or ():
                 if answered[c.get("id")] > 0:
                     answered[c.get("id")] -= 1
                 else:
@@ -124,7 +136,7 @@ def _unanswered(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return []
 
 
-def unique_call_ids(calls: list[dict[str, Any]], transcript: list[dict[str, Any]]) -> None:
+def unique_call_ids(calls: list[ToolCallData], transcript: list[Message]) -> None:
     """Make the ids of a new reply's `calls` unique in the thread, in place.
 
     Everything that keys on a call id (decisions, the tool messages that answer calls,
@@ -138,9 +150,11 @@ def unique_call_ids(calls: list[dict[str, Any]], transcript: list[dict[str, Any]
     """
     used = _call_ids(transcript)
     for i, c in enumerate(calls):
-        raw = c.get("id")
+        # The id as the provider sent it: an adapter passes on any JSON value.
+        raw: object = c.get("id")
         if raw is None or raw == "":
-            calls[i] = c = {k: v for k, v in c.items() if k != "provider_id"}
+            calls[i] = c = c.copy()
+            c.pop("provider_id", None)
             c["id"] = "call_" + uuid.uuid4().hex[:16]
             used.add(c["id"])
             continue
@@ -155,12 +169,17 @@ def unique_call_ids(calls: list[dict[str, Any]], transcript: list[dict[str, Any]
         used.add(c["id"])
 
 
-def _call_ids(transcript: list[dict[str, Any]]) -> set[Any]:
+def _call_ids(transcript: list[Message]) -> set[object]:
     # One comprehension: this runs on every reply with calls, over the whole thread.
-    return {c.get("id") for m in transcript if "tool_calls" in m for c in m["tool_calls"] or ()}
+    return {
+        c.get("id")
+        for m in transcript
+        if m["role"] == "assistant"
+        for c in m.get("tool_calls") or ()
+    }
 
 
-def not_run_messages(calls: list[dict[str, Any]], reason: str) -> list[dict[str, Any]]:
+def not_run_messages(calls: list[ToolCallData], reason: str) -> list[ToolMessage]:
     """Tool messages for calls that will not run, so the transcript stays well-formed
     (every call answered) for the next turn."""
     return [
@@ -175,30 +194,33 @@ def not_run_messages(calls: list[dict[str, Any]], reason: str) -> list[dict[str,
     ]
 
 
-def merge_run(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+def merge_run(old: RunRecord | None, new: Mapping[str, Any]) -> RunRecord:
     """The `run` reducer: keys merge; a write with a new `run_id` starts a new run and
-    keeps only the saved hook states."""
+    keeps only the saved hook states.
+
+    A write is a whole record (`new_run`, the model node's) or some keys of one (the
+    approval node writes `{"hooks": ...}`), as LangGraph hands it over."""
     if not old:
-        return new
+        return cast(RunRecord, new)
     rid = new.get("run_id")
     if rid is not None and rid != old.get("run_id"):
         if "hooks" not in new and "hooks" in old:
-            return {**new, "hooks": old["hooks"]}
-        return new
-    return {**old, **new}
+            return cast(RunRecord, {**new, "hooks": old["hooks"]})
+        return cast(RunRecord, new)
+    return cast(RunRecord, {**old, **new})
 
 
 class AgentState(TypedDict, total=False):
     """The state of an agent graph (see the module docstring)."""
 
-    messages: Annotated[list[dict[str, Any]], DeltaChannel(append_messages)]
-    run: Annotated[dict[str, Any], merge_run]
+    messages: Annotated[list[Message], DeltaChannel(append_messages)]
+    run: Annotated[RunRecord, merge_run]
     state: dict[str, Any]
 
 
-def new_run(run_id: str, hooks: dict[str, Any] | None = None) -> dict[str, Any]:
+def new_run(run_id: str, hooks: dict[str, Any] | None = None) -> RunRecord:
     """The bookkeeping a run starts with."""
-    run: dict[str, Any] = {
+    run: RunRecord = {
         "run_id": run_id,
         "model_calls": 0,
         "tool_calls": 0,
@@ -214,8 +236,10 @@ def new_run(run_id: str, hooks: dict[str, Any] | None = None) -> dict[str, Any]:
     return run
 
 
-def add_usage(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
-    out = dict(total)
+def add_usage(total: Usage, more: Usage) -> Usage:
+    """`total` plus `more`, key by key (a key either lacks counts as zero: a sub-agent's
+    usage saved by an older version may lack some)."""
+    out = total.copy()
     for k in USAGE_KEYS:
         v = more.get(k)
         if v:
@@ -224,9 +248,9 @@ def add_usage(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
 
 
 #: Statuses of a tool message whose tool function actually ran.
-RAN_STATUSES = frozenset({"ok", "error", "timeout"})
+RAN_STATUSES: frozenset[ToolStatus] = frozenset({"ok", "error", "timeout"})
 
 
-def tool_ran(m: dict[str, Any]) -> bool:
+def tool_ran(m: ToolMessage) -> bool:
     """Whether a tool message records a call whose tool function ran."""
     return m.get("status") in RAN_STATUSES and "error_kind" not in m

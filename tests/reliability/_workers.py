@@ -109,7 +109,7 @@ async def _send(url: str, thread_id: str, workdir: str, started: Any, done: Any)
         warmup.mkdir()
         await kill_agent(storage, warmup).thread(f"{thread_id}-warmup").send("go")
         agent = kill_agent(storage, Path(workdir))
-        agent._thread_graph(storage, None)  # compiled before the kill window opens
+        agent.thread_graph(storage, None)  # compiled before the kill window opens
         started.set()  # the parent kills this process at a random moment from now on
         await agent.thread(thread_id).send("go")
         done.set()
@@ -281,7 +281,7 @@ async def _answer(url: str, thread_id: str, workdir: str, started: Any, done: An
     try:
         await storage.open()
         agent = approval_agent(storage, Path(workdir))
-        agent._thread_graph(storage, None)  # compiled before the kill window opens
+        agent.thread_graph(storage, None)  # compiled before the kill window opens
         thread = agent.thread(thread_id, actor="reviewer-b")
         pending = await thread.pending_approvals()
         started.set()  # the parent may kill this process at a random moment from now on

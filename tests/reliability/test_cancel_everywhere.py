@@ -118,7 +118,7 @@ async def test_cancel_send_at_every_iteration(
                     break
                 if other is not None:
                     # Free at once for another process's view of the database.
-                    async with other._hold(thread_id):
+                    async with other.hold(thread_id):
                         pass
                 await _complete(thread)  # right away: never busy
                 messages = await thread.messages()

@@ -72,7 +72,7 @@ async def test_the_second_reviewer_never_approves_the_next_request(
         reads_a = observe_reads(storage_a)
         reads_b = reads_a if storage_b is storage_a else observe_reads(storage_b)
         # A run in progress holds the thread while both reviewers click "approve".
-        async with storage_a._hold(thread_id):
+        async with storage_a.hold(thread_id):
             if pinned:
                 tasks = [
                     asyncio.ensure_future(ada.approve(expected=reply)),
@@ -138,7 +138,7 @@ async def test_two_processes_approve_at_once(
             for who in ("ada", "bob")
         ]
         results: list[dict[str, Any]] = []
-        async with storage._hold(thread_id):
+        async with storage.hold(thread_id):
             for p in procs:
                 p.start()
             if pinned:

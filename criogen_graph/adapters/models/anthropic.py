@@ -18,13 +18,21 @@ from criogen_graph.adapters.models.http import (
     tokens,
 )
 from criogen_graph.errors import ModelError, ValidationError
+from criogen_graph.messages import (
+    AssistantMessage,
+    Message,
+    ModelStopReason,
+    ToolCallData,
+    ToolStatus,
+    Usage,
+)
 from criogen_graph.results import empty_usage
 
 ANTHROPIC_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
 _PATH = "/v1/messages"
 #: Tool statuses the model is told were failures (`is_error`).
-_FAILED = frozenset({"error", "timeout", "rejected"})
+_FAILED: frozenset[ToolStatus] = frozenset({"error", "timeout", "rejected"})
 #: Sent for a user turn with no text: the API rejects empty and whitespace-only text (and
 #: a message without content), so `agent.run("")` would otherwise fail every time.
 EMPTY_TEXT = "(empty)"
@@ -40,7 +48,7 @@ def _as_text(content: Any) -> str:
     return content if isinstance(content, str) else json.dumps(content, default=str)
 
 
-def to_anthropic_messages(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+def to_anthropic_messages(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
     """Transcript dicts as `(system, messages)` of the Messages API.
 
     System messages join into the top-level `system` string; tool results become
@@ -62,14 +70,13 @@ def to_anthropic_messages(messages: list[dict[str, Any]]) -> tuple[str, list[dic
             out.append({"role": role, "content": blocks})
 
     for m in messages:
-        role = m.get("role")
         text = _as_text(m.get("content"))
-        if role == "system":
+        if m["role"] == "system":
             if text:
                 system.append(text)
-        elif role == "user":
+        elif m["role"] == "user":
             add("user", [{"type": "text", "text": text if text.strip() else EMPTY_TEXT}])
-        elif role == "assistant":
+        elif m["role"] == "assistant":
             blocks: list[dict[str, Any]] = _reasoning_blocks(m.get("reasoning_blocks"))
             if text.strip():
                 blocks.append({"type": "text", "text": text})
@@ -78,7 +85,7 @@ def to_anthropic_messages(messages: list[dict[str, Any]]) -> tuple[str, list[dic
                 for c in m.get("tool_calls") or ()
             )
             add("assistant", blocks)
-        elif role == "tool":
+        elif m["role"] == "tool":
             block: dict[str, Any] = {
                 "type": "tool_result",
                 "tool_use_id": m.get("tool_call_id", ""),
@@ -110,20 +117,20 @@ def _reasoning_blocks(raw: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _unsigned_thinking(messages: list[dict[str, Any]]) -> bool:
+def _unsigned_thinking(messages: list[Message]) -> bool:
     """Whether an assistant turn of the current tool loop (after the last user message)
     has a thinking block without its signature."""
     for m in reversed(messages):
-        if m.get("role") == "user":
+        if m["role"] == "user":
             return False
-        blocks = m.get("reasoning_blocks") if m.get("role") == "assistant" else None
+        blocks = m.get("reasoning_blocks") if m["role"] == "assistant" else None
         for b in blocks if isinstance(blocks, list) else ():
             if isinstance(b, Mapping) and b.get("type") == "thinking" and not b.get("signature"):
                 return True
     return False
 
 
-def _usage(raw: Mapping[str, Any]) -> dict[str, int]:
+def _usage(raw: Mapping[str, Any]) -> Usage:
     usage = empty_usage()
     read = tokens(raw, "cache_read_input_tokens")
     write = tokens(raw, "cache_creation_input_tokens")
@@ -137,14 +144,14 @@ def _usage(raw: Mapping[str, Any]) -> dict[str, int]:
     return usage
 
 
-def _call(block: Mapping[str, Any], raw: Any) -> dict[str, Any]:
+def _call(block: Mapping[str, Any], raw: Any) -> ToolCallData:
     """A transcript tool call from a `tool_use` block and its input (an object, or the
     JSON text a stream delivered)."""
     if isinstance(raw, dict | str) or raw is None:
         args, problem = parse_args(raw)
     else:
         args, problem = {}, f"the arguments must be a JSON object, got {json.dumps(raw)[:200]}"
-    call: dict[str, Any] = {
+    call: ToolCallData = {
         "id": block.get("id") or "toolu_" + uuid.uuid4().hex[:24],
         "name": block.get("name") or "",
         "args": args,
@@ -156,12 +163,12 @@ def _call(block: Mapping[str, Any], raw: Any) -> dict[str, Any]:
 
 def _reply(
     texts: list[str],
-    calls: list[dict[str, Any]],
+    calls: list[ToolCallData],
     stop: Any,
     usage: Mapping[str, Any],
     reasoning: list[dict[str, Any]],
 ) -> ModelResponse:
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    message: AssistantMessage = {"role": "assistant", "content": "".join(texts)}
     if reasoning:
         thought = "".join(b.get("thinking") or "" for b in reasoning if b["type"] == "thinking")
         if thought:
@@ -169,7 +176,9 @@ def _reply(
         message["reasoning_blocks"] = reasoning
     if calls:
         message["tool_calls"] = calls
-    reason = "content_filter" if stop == "refusal" else "max_tokens" if stop in _CUT else None
+    reason: ModelStopReason | None = (
+        "content_filter" if stop == "refusal" else "max_tokens" if stop in _CUT else None
+    )
     return ModelResponse(message, _usage(usage), reason)
 
 
@@ -268,7 +277,7 @@ class AnthropicModel(HttpModel):
         if not isinstance(content, list):
             raise self._unreadable(f"the response is not a message: {str(data)[:200]}")
         texts: list[str] = []
-        calls: list[dict[str, Any]] = []
+        calls: list[ToolCallData] = []
         reasoning: list[dict[str, Any]] = []
         for b in content:
             kind = b.get("type") if isinstance(b, dict) else None

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from criogen_graph.messages import (
+    AssistantMessage,
+    Message,
+    ModelIdentity,
+    ModelStopReason,
+    ToolCallData,
+    Usage,
+)
 from criogen_graph.results import empty_usage
 
 TextSink = Callable[[str], None]
 
 
-def wire_call_id(call: Mapping[str, Any]) -> Any:
+def wire_call_id(call: ToolCallData) -> object:
     """The id to send a provider for a transcript call: the provider's own
     (`provider_id`, kept when the model node renamed a repeated or reused id to make it
     unique in its thread), else the call's id."""
@@ -30,7 +38,7 @@ class ModelRequest:
     pieces of the model's reasoning (thinking) text, for models that show it.
     """
 
-    messages: list[dict[str, Any]]
+    messages: list[Message]
     tools: list[dict[str, Any]]
     output_schema: dict[str, Any] | None = None
     on_text: TextSink | None = None
@@ -45,9 +53,9 @@ class ModelResponse:
     `stop_reason="content_filter"`, for an answer cut off by the output-token cap
     `stop_reason="max_tokens"`."""
 
-    message: dict[str, Any]
-    usage: dict[str, int] = field(default_factory=empty_usage)
-    stop_reason: str | None = None
+    message: AssistantMessage
+    usage: Usage = field(default_factory=empty_usage)
+    stop_reason: ModelStopReason | None = None
 
 
 class Model:
@@ -62,7 +70,7 @@ class Model:
         raise NotImplementedError
 
     @property
-    def identity(self) -> dict[str, str]:
+    def identity(self) -> ModelIdentity:
         """`{"provider", "model"}` of this model."""
         return {"provider": self.provider, "model": self.name}
 

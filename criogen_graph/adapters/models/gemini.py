@@ -37,6 +37,7 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from criogen_graph._retry_after import parse_retry_after, retry_after_from_headers
 from criogen_graph.adapters.models.base import ModelRequest, ModelResponse, TextSink
 from criogen_graph.adapters.models.http import (
     OUTPUT_INSTRUCTION,
@@ -45,10 +46,10 @@ from criogen_graph.adapters.models.http import (
     classify_status,
     error_message,
     parse_args,
-    retry_after_secs,
     tokens,
 )
 from criogen_graph.errors import ModelError
+from criogen_graph.messages import AssistantMessage, Message, ToolCallData, ToolStatus, Usage
 from criogen_graph.results import empty_usage
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ _FILTER_FINISH = frozenset(
         "IMAGE_PROHIBITED_CONTENT",
     }
 )
-_ERROR_STATUSES = frozenset({"error", "timeout", "rejected"})
+_ERROR_STATUSES: frozenset[ToolStatus] = frozenset({"error", "timeout", "rejected"})
 #: Sent for a user turn with no text: the API rejects a text part that is empty (and a
 #: content without parts), so `agent.run("")` would otherwise fail every time.
 EMPTY_TEXT = " "
@@ -264,11 +265,11 @@ def _text(content: Any) -> str:
     return json.dumps(content)
 
 
-def to_gemini_contents(messages: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+def to_gemini_contents(messages: list[Message]) -> tuple[list[str], list[dict[str, Any]]]:
     """The system texts and the `contents` of a transcript."""
     system: list[str] = []
     contents: list[dict[str, Any]] = []
-    calls: dict[str, Mapping[str, Any]] = {}
+    calls: dict[str, ToolCallData] = {}
 
     def add(role: str, parts: list[dict[str, Any]]) -> None:
         if not parts:
@@ -279,14 +280,13 @@ def to_gemini_contents(messages: list[dict[str, Any]]) -> tuple[list[str], list[
             contents.append({"role": role, "parts": parts})
 
     for m in messages:
-        role = m.get("role")
         text = _text(m.get("content"))
-        if role == "system":
+        if m["role"] == "system":
             if text:
                 system.append(text)
-        elif role == "user":
+        elif m["role"] == "user":
             add("user", [{"text": text or EMPTY_TEXT}])
-        elif role == "assistant":
+        elif m["role"] == "assistant":
             parts: list[dict[str, Any]] = [{"text": text}] if text else []
             for i, c in enumerate(m.get("tool_calls") or ()):
                 calls[str(c.get("id"))] = c
@@ -306,8 +306,8 @@ def to_gemini_contents(messages: list[dict[str, Any]]) -> tuple[list[str], list[
                     part["thoughtSignature"] = _FOREIGN_SIGNATURE
                 parts.append(part)
             add("model", parts)
-        elif role == "tool":
-            source = calls.get(str(m.get("tool_call_id")), {})
+        elif m["role"] == "tool":
+            source: Mapping[str, Any] = calls.get(str(m.get("tool_call_id")), {})
             value = m.get("content")
             key = "error" if m.get("status") in _ERROR_STATUSES else "result"
             response: dict[str, Any] = {
@@ -328,7 +328,7 @@ def to_gemini_contents(messages: list[dict[str, Any]]) -> tuple[list[str], list[
 # -- reply -------------------------------------------------------------------------------
 
 
-def _usage(raw: Mapping[str, Any] | None) -> dict[str, int]:
+def _usage(raw: Mapping[str, Any] | None) -> Usage:
     usage = empty_usage()
     thoughts = tokens(raw, "thoughtsTokenCount")
     usage["input_tokens"] = tokens(raw, "promptTokenCount")
@@ -339,14 +339,14 @@ def _usage(raw: Mapping[str, Any] | None) -> dict[str, int]:
     return usage
 
 
-def _call(raw: Mapping[str, Any], signature: Any) -> dict[str, Any]:
+def _call(raw: Mapping[str, Any], signature: Any) -> ToolCallData:
     given = raw.get("args")
     if given is None or isinstance(given, dict | str):
         args, problem = parse_args(given)
     else:
         args, problem = {}, f"the arguments must be a JSON object, got {json.dumps(given)[:200]}"
     call_id = raw.get("id")
-    call: dict[str, Any] = {
+    call: ToolCallData = {
         "id": str(call_id) if call_id else "call_" + uuid.uuid4().hex[:24],
         "name": str(raw.get("name") or ""),
         "args": args,
@@ -368,7 +368,7 @@ class _Reply:
         self.thinking = thinking
         self.text: list[str] = []
         self.thoughts: list[str] = []
-        self.calls: list[dict[str, Any]] = []
+        self.calls: list[ToolCallData] = []
         self.finish: str | None = None
         self.blocked: str | None = None
         self.usage: Mapping[str, Any] | None = None
@@ -410,7 +410,7 @@ class _Reply:
             self.finish = str(candidate["finishReason"])
 
     def response(self, model: GeminiModel, *, streamed: bool) -> ModelResponse:
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text)}
+        message: AssistantMessage = {"role": "assistant", "content": "".join(self.text)}
         if self.thoughts:
             message["reasoning"] = "".join(self.thoughts)
         if self.calls:
@@ -449,10 +449,8 @@ def _retry_delay(details: list[Mapping[str, Any]]) -> float | None:
     for d in details:
         delay = d.get("retryDelay")
         if str(d.get("@type", "")).endswith("RetryInfo") and isinstance(delay, str):
-            try:
-                return max(0.0, float(delay.rstrip("s")))
-            except ValueError:
-                return None
+            # A protobuf Duration: seconds with an `s` (fractions allowed).
+            return parse_retry_after(delay[:-1]) if delay.endswith("s") else None
     return None
 
 
@@ -559,7 +557,7 @@ class GeminiModel(HttpModel):
             str(d.get("reason", "")).startswith("API_KEY_") for d in details
         ):
             kind = "auth"  # Gemini answers a bad key with 400 INVALID_ARGUMENT
-        retry_after = retry_after_secs(response.headers)
+        retry_after = retry_after_from_headers(response.headers)
         if retry_after is None:
             retry_after = _retry_delay(details)
         return self._error(

@@ -5,17 +5,17 @@ loop), JSON and server-sent-event calls, and the classification of every failure
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import os
-import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
 
+from criogen_graph._retry_after import retry_after_from_headers
 from criogen_graph.adapters.models.base import Model
 from criogen_graph.errors import ModelError, ValidationError
+from criogen_graph.messages import ModelErrorKind
 
 _CONTEXT_HINTS = (
     "context length",
@@ -82,27 +82,7 @@ def api_key_from(api_key: str | None, env: str, *, required: bool, what: str) ->
     return key
 
 
-def retry_after_secs(headers: Mapping[str, str]) -> float | None:
-    """`Retry-After` (seconds or an HTTP date), or the `retry-after-ms` some providers send."""
-    raw_ms = headers.get("retry-after-ms")
-    if raw_ms:
-        try:
-            return max(0.0, float(raw_ms) / 1000)
-        except ValueError:
-            pass
-    raw = headers.get("retry-after")
-    if not raw:
-        return None
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        parsed = email.utils.parsedate_to_datetime(raw) if raw else None
-        if parsed is None:
-            return None
-        return max(0.0, parsed.timestamp() - time.time())
-
-
-def classify_status(status: int, text: str) -> str:
+def classify_status(status: int, text: str) -> ModelErrorKind:
     """The `ModelError.kind` of an HTTP error status (and its body)."""
     lowered = text.lower()
     if status == 429:
@@ -213,7 +193,7 @@ class HttpModel(Model):
 
     def _error(
         self,
-        kind: str,
+        kind: ModelErrorKind,
         message: str,
         *,
         status: int | None = None,
@@ -245,7 +225,7 @@ class HttpModel(Model):
             status=status,
         )
 
-    def _unreadable(self, what: str, *, kind: str = "transient") -> ModelError:
+    def _unreadable(self, what: str, *, kind: ModelErrorKind = "transient") -> ModelError:
         """A reply this adapter cannot read. A broken or cut reply is `transient` (another
         try usually reads well); one of a kind the adapter does not know is not."""
         return self._error(kind, f"could not read the reply: {what}")
@@ -260,7 +240,7 @@ class HttpModel(Model):
             classify_status(response.status_code, text),
             f"HTTP {response.status_code}: {error_message(text)}",
             status=response.status_code,
-            retry_after=retry_after_secs(response.headers),
+            retry_after=retry_after_from_headers(response.headers),
         )
 
     async def _post(

@@ -7,9 +7,17 @@ import asyncio
 import json
 from typing import Any
 
+from criogen_graph._retry_after import retry_after_from_headers
 from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse, wire_call_id
 from criogen_graph.adapters.models.http import OUTPUT_INSTRUCTION
 from criogen_graph.errors import ModelError
+from criogen_graph.messages import (
+    AssistantMessage,
+    Message,
+    ModelErrorKind,
+    ModelStopReason,
+    ToolCallData,
+)
 from criogen_graph.results import empty_usage
 
 
@@ -110,22 +118,21 @@ class LangChainModel(Model):
 
 
 def to_langchain_messages(
-    messages: list[dict[str, Any]], output_schema: dict[str, Any] | None = None
+    messages: list[Message], output_schema: dict[str, Any] | None = None
 ) -> list[Any]:
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
     out: list[Any] = []
-    wire: dict[Any, Any] = {}  # our call id -> the provider's, for renamed calls
+    wire: dict[object, object] = {}  # our call id -> the provider's, for renamed calls
     for m in messages:
-        role = m.get("role")
         content = m.get("content")
         if content is None:
             content = ""
-        if role == "system":
+        if m["role"] == "system":
             out.append(SystemMessage(content))
-        elif role == "user":
+        elif m["role"] == "user":
             out.append(HumanMessage(content))
-        elif role == "assistant":
+        elif m["role"] == "assistant":
             calls = []
             for c in m.get("tool_calls") or ():
                 if c.get("provider_id") is not None:
@@ -139,7 +146,7 @@ def to_langchain_messages(
                     }
                 )
             out.append(AIMessage(content, tool_calls=calls))
-        elif role == "tool":
+        elif m["role"] == "tool":
             status = "success" if m.get("status", "ok") in ("ok", "skipped") else "error"
             out.append(
                 ToolMessage(
@@ -160,8 +167,8 @@ def to_langchain_messages(
 
 def from_langchain_message(ai: Any) -> ModelResponse:
     text = ai.text if isinstance(ai.text, str) else ai.text()
-    message: dict[str, Any] = {"role": "assistant", "content": text or ""}
-    calls: list[dict[str, Any]] = []
+    message: AssistantMessage = {"role": "assistant", "content": text or ""}
+    calls: list[ToolCallData] = []
     for c in getattr(ai, "tool_calls", None) or ():
         calls.append(
             {"id": c.get("id") or _fresh_id(), "name": c["name"], "args": c.get("args") or {}}
@@ -191,7 +198,9 @@ def from_langchain_message(ai: Any) -> ModelResponse:
         )
     rmeta = getattr(ai, "response_metadata", None) or {}
     finish = str(rmeta.get("finish_reason") or rmeta.get("stop_reason") or "").lower()
-    stop = "content_filter" if finish in ("content_filter", "refusal", "safety") else None
+    stop: ModelStopReason | None = (
+        "content_filter" if finish in ("content_filter", "refusal", "safety") else None
+    )
     return ModelResponse(message, usage, stop)
 
 
@@ -207,18 +216,11 @@ def classify_exception(exc: BaseException, provider: str, model: str) -> ModelEr
     response = getattr(exc, "response", None)
     if status is None and response is not None:
         status = getattr(response, "status_code", None)
-    retry_after: float | None = None
-    headers = getattr(response, "headers", None)
-    if headers is not None:
-        try:
-            raw = headers.get("retry-after")
-            retry_after = float(raw) if raw is not None else None
-        except (TypeError, ValueError):
-            retry_after = None
+    retry_after = retry_after_from_headers(getattr(response, "headers", None))
     text = str(exc)
     lowered = text.lower()
     name = type(exc).__name__.lower()
-    kind: str
+    kind: ModelErrorKind
     if isinstance(status, int):
         if status == 429:
             kind = "rate_limit"

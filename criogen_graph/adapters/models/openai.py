@@ -12,6 +12,13 @@ from typing import TYPE_CHECKING, Any
 from criogen_graph.adapters.models.base import ModelRequest, ModelResponse, wire_call_id
 from criogen_graph.adapters.models.http import HttpModel, api_key_from, parse_args, tokens
 from criogen_graph.errors import ValidationError
+from criogen_graph.messages import (
+    AssistantMessage,
+    Message,
+    ModelStopReason,
+    ToolCallData,
+    Usage,
+)
 from criogen_graph.results import empty_usage
 
 if TYPE_CHECKING:
@@ -26,7 +33,7 @@ _FILTER_FINISH = ("content_filter",)
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
-def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def to_openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
     """Transcript dicts in Chat Completions form.
 
     An assistant turn of the current tool loop (after the last user message) that came
@@ -34,38 +41,16 @@ def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     field, as DeepSeek requires for thinking with tools; earlier turns go without it.
     """
     out: list[dict[str, Any]] = []
-    wire: dict[Any, Any] = {}  # our call id -> the provider's, for renamed calls
-    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    wire: dict[object, object] = {}  # our call id -> the provider's, for renamed calls
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
     for index, m in enumerate(messages):
-        role = m.get("role")
-        content = m.get("content")
-        if role in ("system", "user"):
-            out.append({"role": role, "content": content if content is not None else ""})
-        elif role == "assistant":
-            msg: dict[str, Any] = {"role": "assistant", "content": content or None}
-            field = m.get("reasoning_field")
-            if index > last_user and field in _REASONING_FIELDS and m.get("reasoning"):
-                msg[field] = m["reasoning"]
-            calls = m.get("tool_calls")
-            if calls:
-                for c in calls:
-                    if c.get("provider_id") is not None:
-                        wire[c["id"]] = c["provider_id"]
-                msg["tool_calls"] = [
-                    {
-                        "id": wire_call_id(c),
-                        "type": "function",
-                        "function": {
-                            "name": c["name"],
-                            "arguments": json.dumps(c.get("args") or {}),
-                        },
-                    }
-                    for c in calls
-                ]
-            elif msg["content"] is None:
-                msg["content"] = ""
-            out.append(msg)
-        elif role == "tool":
+        if m["role"] == "system" or m["role"] == "user":
+            content = m.get("content")
+            out.append({"role": m["role"], "content": content if content is not None else ""})
+        elif m["role"] == "assistant":
+            out.append(_assistant(m, index > last_user, wire))
+        elif m["role"] == "tool":
+            content = m.get("content")
             out.append(
                 {
                     "role": "tool",
@@ -76,7 +61,34 @@ def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _usage(raw: Mapping[str, Any] | None) -> dict[str, int]:
+def _assistant(m: AssistantMessage, in_loop: bool, wire: dict[object, object]) -> dict[str, Any]:
+    """An assistant turn in Chat Completions form, with its reasoning text when it is of
+    the current tool loop (`in_loop`). Notes the provider's ids of renamed calls in
+    `wire`, for the results that answer them."""
+    msg: dict[str, Any] = {"role": "assistant", "content": m.get("content") or None}
+    field = m.get("reasoning_field")
+    reasoning = m.get("reasoning")
+    if in_loop and reasoning and field is not None and field in _REASONING_FIELDS:
+        msg[field] = reasoning
+    calls = m.get("tool_calls")
+    if calls:
+        for c in calls:
+            if c.get("provider_id") is not None:
+                wire[c["id"]] = c["provider_id"]
+        msg["tool_calls"] = [
+            {
+                "id": wire_call_id(c),
+                "type": "function",
+                "function": {"name": c["name"], "arguments": json.dumps(c.get("args") or {})},
+            }
+            for c in calls
+        ]
+    elif msg["content"] is None:
+        msg["content"] = ""
+    return msg
+
+
+def _usage(raw: Mapping[str, Any] | None) -> Usage:
     usage = empty_usage()
     usage["input_tokens"] = tokens(raw, "prompt_tokens")
     usage["output_tokens"] = tokens(raw, "completion_tokens")
@@ -85,12 +97,12 @@ def _usage(raw: Mapping[str, Any] | None) -> dict[str, int]:
     return usage
 
 
-def _calls(raw_calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _calls(raw_calls: list[dict[str, Any]]) -> list[ToolCallData]:
     calls = []
     for c in raw_calls:
         fn = c.get("function") or {}
         args, problem = parse_args(fn.get("arguments"))
-        call: dict[str, Any] = {
+        call: ToolCallData = {
             "id": c.get("id") or "call_" + uuid.uuid4().hex[:16],
             "name": fn.get("name") or "",
             "args": args,
@@ -198,7 +210,7 @@ class OpenAIModel(HttpModel):
         raw = choice.get("message") or {}
         if choice.get("finish_reason") == "error" or raw.get("error"):
             raise self._stream_error(raw.get("error") or choice.get("error") or {})
-        message: dict[str, Any] = {"role": "assistant", "content": raw.get("content") or ""}
+        message: AssistantMessage = {"role": "assistant", "content": raw.get("content") or ""}
         for field in _REASONING_FIELDS:
             if isinstance(raw.get(field), str) and raw[field]:
                 message["reasoning"] = raw[field]
@@ -218,7 +230,7 @@ class OpenAIModel(HttpModel):
         thinking = request.on_reasoning
         text: list[str] = []
         reasoning: list[str] = []
-        reasoning_field: str | None = None
+        reasoning_field = ""
         refusal: list[str] = []
         partial: dict[int, dict[str, Any]] = {}
         finish: str | None = None
@@ -274,7 +286,7 @@ class OpenAIModel(HttpModel):
             raise self._error("connection", "the stream ended before the answer was finished")
         if finish == "error":
             raise self._stream_error({"message": "the provider ended the answer with an error"})
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+        message: AssistantMessage = {"role": "assistant", "content": "".join(text)}
         if reasoning:
             message["reasoning"] = "".join(reasoning)
             message["reasoning_field"] = reasoning_field
@@ -284,7 +296,7 @@ class OpenAIModel(HttpModel):
         return ModelResponse(message, _usage(usage_raw), _stop(finish, "".join(refusal), message))
 
 
-def _stop(finish: Any, refusal: Any, message: dict[str, Any]) -> str | None:
+def _stop(finish: Any, refusal: Any, message: AssistantMessage) -> ModelStopReason | None:
     """The stop reason of a reply (None: a normal answer); a refusal with no text is the
     text of the reply."""
     if refusal or finish in _FILTER_FINISH:

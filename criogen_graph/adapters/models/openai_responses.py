@@ -13,11 +13,20 @@ import json
 import os
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from criogen_graph.adapters.models.base import ModelRequest, ModelResponse, wire_call_id
 from criogen_graph.adapters.models.http import HttpModel, api_key_from, parse_args
 from criogen_graph.errors import ModelError
+from criogen_graph.messages import (
+    AssistantMessage,
+    Message,
+    ModelErrorKind,
+    ModelStopReason,
+    ReasoningItem,
+    ToolCallData,
+    Usage,
+)
 from criogen_graph.results import empty_usage
 
 OPENAI_URL = "https://api.openai.com/v1"
@@ -26,7 +35,7 @@ _PATH = "/responses"
 #: content for them.
 _NON_REASONING = ("gpt-4", "gpt-3.5", "chatgpt-", "gpt-5-chat")
 #: The key of the assistant message that holds the reasoning items sent back next turn.
-REASONING_ITEMS = "reasoning_items"
+REASONING_ITEMS: Final = "reasoning_items"
 
 
 def _reasons(model: str) -> bool:
@@ -34,7 +43,7 @@ def _reasons(model: str) -> bool:
 
 
 def to_responses_input(
-    messages: list[dict[str, Any]],
+    messages: list[Message],
 ) -> tuple[str | None, list[dict[str, Any]]]:
     """Transcript dicts as `(instructions, input items)`: the leading system messages
     become `instructions`, later ones `system` items; an assistant turn becomes its
@@ -42,20 +51,21 @@ def to_responses_input(
     `function_call_output`."""
     instructions: list[str] = []
     items: list[dict[str, Any]] = []
-    wire: dict[Any, Any] = {}  # our call id -> the provider's, for renamed calls
+    wire: dict[object, object] = {}  # our call id -> the provider's, for renamed calls
     for m in messages:
-        role = m.get("role")
         content = m.get("content")
-        if role == "system":
+        if m["role"] == "system":
             text = _text(content)
             if not items:
                 instructions.append(text)
             else:
                 items.append({"type": "message", "role": "system", "content": text})
-        elif role == "user":
+        elif m["role"] == "user":
             items.append({"type": "message", "role": "user", "content": _text(content)})
-        elif role == "assistant":
-            for r in m.get(REASONING_ITEMS) or ():
+        elif m["role"] == "assistant":
+            # Read as saved: a checkpoint holds what an older version wrote.
+            saved: list[object] = list(m.get(REASONING_ITEMS) or ())
+            for r in saved:
                 if isinstance(r, Mapping) and isinstance(r.get("id"), str):
                     item: dict[str, Any] = {
                         "type": "reasoning",
@@ -84,7 +94,7 @@ def to_responses_input(
                         "arguments": json.dumps(c.get("args") or {}),
                     }
                 )
-        elif role == "tool":
+        elif m["role"] == "tool":
             call_id = m.get("tool_call_id", "")
             items.append(
                 {
@@ -150,7 +160,7 @@ def strict_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     return (out, True) if walk(out) else (schema, False)
 
 
-def _usage(raw: Any) -> dict[str, int]:
+def _usage(raw: Any) -> Usage:
     usage = empty_usage()
     if not isinstance(raw, Mapping):
         return usage
@@ -166,7 +176,7 @@ def _usage(raw: Any) -> dict[str, int]:
 
 
 #: `response.failed` error codes whose kind their HTTP-style name would not give.
-_FAILED_KINDS = {
+_FAILED_KINDS: dict[str, ModelErrorKind] = {
     "invalid_api_key": "auth",
     "context_length_exceeded": "context_overflow",
     "invalid_prompt": "content_filter",
@@ -265,7 +275,9 @@ class OpenAIResponsesModel(HttpModel):
         if not isinstance(error, Mapping):
             return self._stream_error({"message": "the response failed"})
         code = str(error.get("code") or "").lower()
-        kind = _FAILED_KINDS.get(code) or ("bad_request" if code.startswith("invalid") else None)
+        kind: ModelErrorKind | None = _FAILED_KINDS.get(code) or (
+            "bad_request" if code.startswith("invalid") else None
+        )
         if kind is None:
             # Named like an HTTP error (server_error, rate_limit_exceeded, ...) or unknown.
             return self._stream_error(error)
@@ -299,7 +311,7 @@ class OpenAIResponsesModel(HttpModel):
             output = []
         if not isinstance(output, list):
             raise self._unreadable(f"'output' is not a list: {json.dumps(output)[:200]}")
-        stop: str | None = None
+        stop: ModelStopReason | None = None
         if status == "incomplete":
             details = data.get("incomplete_details")
             reason = details.get("reason") if isinstance(details, Mapping) else None
@@ -316,11 +328,11 @@ class OpenAIResponsesModel(HttpModel):
             stop = "content_filter"
         return ModelResponse(message, _usage(data.get("usage")), stop)
 
-    def _read_output(self, output: list[Any]) -> tuple[dict[str, Any], bool]:
+    def _read_output(self, output: list[Any]) -> tuple[AssistantMessage, bool]:
         text: list[str] = []
         refusal: list[str] = []
-        calls: list[dict[str, Any]] = []
-        reasoning: list[dict[str, Any]] = []
+        calls: list[ToolCallData] = []
+        reasoning: list[ReasoningItem] = []
         for item in output:
             if not isinstance(item, Mapping):
                 raise self._unreadable(f"an output item is not an object: {item!r:.200}")
@@ -335,7 +347,7 @@ class OpenAIResponsesModel(HttpModel):
                         refusal.append(part["refusal"])
             elif kind == "function_call":
                 args, problem = parse_args(item.get("arguments"))
-                call: dict[str, Any] = {
+                call: ToolCallData = {
                     "id": str(item.get("call_id") or item.get("id") or "call_" + uuid.uuid4().hex),
                     "name": str(item.get("name") or ""),
                     "args": args,
@@ -349,12 +361,12 @@ class OpenAIResponsesModel(HttpModel):
                     for s in item.get("summary") or ()
                     if isinstance(s, Mapping) and isinstance(s.get("text"), str)
                 ]
-                kept: dict[str, Any] = {"id": item["id"], "summary": summary}
+                kept: ReasoningItem = {"id": item["id"], "summary": summary}
                 if isinstance(item.get("encrypted_content"), str):
                     kept["encrypted_content"] = item["encrypted_content"]
                 reasoning.append(kept)
             # Other item types (hosted tools we never offer) carry nothing for us.
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+        message: AssistantMessage = {"role": "assistant", "content": "".join(text)}
         if refusal and not message["content"]:
             message["content"] = "".join(refusal)
         if calls:

@@ -1,0 +1,254 @@
+"""What LangChain callbacks cost per agent run, in instructions (valgrind's callgrind), so
+the figures hold on a machine other processes keep busy.
+
+Each variant runs in its own process under `valgrind --tool=callgrind`, twice: with a
+few runs and with many more. The difference of the two instruction counts, divided by
+the difference in runs, is the cost of one run (imports and set-up cancel out). A run is
+bench_observe.py's job (a 600-character customer message, a tool call with an
+800-character result, a 400-character answer: two model calls and one tool call), as
+`graph.ainvoke` of our agent and of LangChain's `create_agent` doing the same job with a
+scripted chat model. Variants:
+
+- `ours` / `create_agent`: no callbacks.
+- `... + no-op`: a `BaseCallbackHandler` that does nothing, in the run's config.
+- `ours + no-op, nodes only`: the same, with our chat-model and tool runs taken out
+  (LangGraph's node runs only): what LangGraph's own reporting costs.
+- `... + async no-op`: the same with an `AsyncCallbackHandler` (no worker thread per
+  event).
+- `... + ignoring no-op`: a handler that sets `ignore_llm`, `ignore_chat_model` and
+  `ignore_agent` (it wants node runs only).
+
+    python bench/callgrind_observe.py [--few 10] [--many 60] [--only "ours;create_agent"]
+                                      [--keep DIR] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+VARIANTS = [
+    "ours",
+    "ours + no-op",
+    "ours + no-op, nodes only",
+    "ours + async no-op",
+    "ours + async no-op, nodes only",
+    "ours + ignoring no-op",
+    "ours + listening no-op",
+    "create_agent",
+    "create_agent + no-op",
+    "create_agent + async no-op",
+    "create_agent + ignoring no-op",
+    "create_agent + listening no-op",
+]
+
+
+def _handlers() -> dict[str, Any]:
+    from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
+
+    class NoOp(BaseCallbackHandler):
+        """Does nothing with what it is told (under `ainvoke`, LangChain runs a sync
+        handler's methods in a worker thread)."""
+
+    class AsyncNoOp(AsyncCallbackHandler):
+        """The same, async (run on the event loop)."""
+
+    class IgnoringNoOp(BaseCallbackHandler):
+        """Wants chain (node) runs only."""
+
+        ignore_llm = True
+        ignore_chat_model = True
+        ignore_agent = True
+
+    class ListeningNoOp(BaseCallbackHandler):
+        """Overrides every method it is told of, and does nothing in them: what a
+        handler that looks at the runs (a tracer) costs, without its own work."""
+
+        def on_chain_start(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_chain_end(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_llm_new_token(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_llm_end(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_tool_start(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_tool_end(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    return {
+        "no-op": NoOp,
+        "async no-op": AsyncNoOp,
+        "ignoring no-op": IgnoringNoOp,
+        "listening no-op": ListeningNoOp,
+    }
+
+
+class _NodesOnly:
+    """While entered, our nodes await their model and tool calls without reporting them
+    (LangGraph's node runs are still reported)."""
+
+    def __init__(self) -> None:
+        import importlib
+        import pkgutil
+
+        import criogen_graph.nodes
+        from criogen_graph import _callbacks
+
+        self.patched: list[tuple[Any, str, Any]] = []
+        for info in pkgutil.iter_modules(criogen_graph.nodes.__path__):
+            module = importlib.import_module(f"criogen_graph.nodes.{info.name}")
+            for name in ("report_chat", "report_tool"):
+                if getattr(module, name, None) is getattr(_callbacks, name):
+                    self.patched.append((module, name, getattr(module, name)))
+
+    def __enter__(self) -> None:
+        for module, name, _ in self.patched:
+            setattr(module, name, lambda spec, x, call: call)
+
+    def __exit__(self, *exc: Any) -> None:
+        for module, name, saved in self.patched:
+            setattr(module, name, saved)
+
+
+def child(variant: str, runs: int) -> None:
+    """Run `variant` `runs` times, after the same warm-up whatever `runs` is."""
+    import contextlib
+
+    from _common import lc_echo, scripted_chat_model
+    from bench_observe import USER, make_agent
+
+    if variant.startswith("create_agent"):
+        from langchain.agents import create_agent
+
+        graph = create_agent(scripted_chat_model(), [lc_echo()])
+    else:
+        graph = make_agent().graph
+    kind, _, only = variant.partition(" + ")[2].partition(", ")
+    handlers = _handlers()
+    if (kind and kind not in handlers) or only not in ("", "nodes only"):
+        raise SystemExit(f"unknown variant {variant!r}")
+    config: dict[str, Any] = {"callbacks": [handlers[kind]()]} if kind else {}
+    bypass = _NodesOnly() if only else contextlib.nullcontext()
+    start = {"messages": [{"role": "user", "content": USER}]}
+
+    async def go() -> None:
+        with bypass:
+            for _ in range(5):
+                await graph.ainvoke(start, config)
+            for _ in range(runs):
+                out = await graph.ainvoke(start, config)
+                assert len(out["messages"]) == 4
+
+    asyncio.run(go())
+    import criogen_graph
+
+    print("criogen_graph from", os.path.dirname(criogen_graph.__file__), file=sys.stderr)
+
+
+def instructions(variant: str, runs: int, keep: str | None, tree: str | None) -> int:
+    out = os.path.join(keep, f"{variant.replace(' ', '_')}.{runs}.out") if keep else "/dev/null"
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    if tree:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, env.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            variant,
+            str(runs),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    assert found, done.stderr[-2000:]
+    return int(found.group(1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--few", type=int, default=10)
+    ap.add_argument("--many", type=int, default=60)
+    ap.add_argument("--only", default=None, help="variants, separated by semicolons")
+    ap.add_argument("--keep", default=None, help="keep the callgrind files in this folder")
+    ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--tree",
+        default=None,
+        help="a folder holding the criogen_graph package to measure (e.g. a copy of an "
+        "earlier version) instead of the installed one",
+    )
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child[0], int(args.child[1]))
+        return
+    variants = args.only.split(";") if args.only else VARIANTS
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+    per_run: dict[str, float] = {}
+    with tempfile.TemporaryDirectory():
+        for v in variants:
+            few = instructions(v, args.few, args.keep, args.tree)
+            many = instructions(v, args.many, args.keep, args.tree)
+            per_run[v] = (many - few) / (args.many - args.few)
+            print(f"{v:34s} {per_run[v] / 1e6:9.3f} M instructions per run", flush=True)
+    print()
+
+    def ratio(a: str, b: str, label: str) -> None:
+        if a in per_run and b in per_run:
+            print(f"{label:58s} {per_run[a] / per_run[b]:6.3f}")
+
+    ratio("ours + no-op", "ours", "ours: no-op handler / no callbacks (target <= 1.15)")
+    ratio("ours + no-op, nodes only", "ours", "ours: LangGraph's node runs only / no callbacks")
+    ratio("ours + no-op", "ours + no-op, nodes only", "ours: with our runs / node runs only")
+    ratio("ours + async no-op", "ours", "ours: async no-op / no callbacks")
+    ratio("ours + async no-op, nodes only", "ours", "ours: async, node runs only / none")
+    ratio("ours + ignoring no-op", "ours", "ours: handler ignoring llm+agent / none")
+    ratio("ours + listening no-op", "ours", "ours: listening no-op / no callbacks")
+    ratio("create_agent + no-op", "create_agent", "create_agent: no-op / no callbacks")
+    ratio("create_agent + async no-op", "create_agent", "create_agent: async no-op / none")
+    ratio("create_agent + ignoring no-op", "create_agent", "create_agent: ignoring / none")
+    ratio("create_agent + listening no-op", "create_agent", "create_agent: listening / none")
+    if "ours + no-op" in per_run and "ours + no-op, nodes only" in per_run and "ours" in per_run:
+        ours = per_run["ours + no-op"] - per_run["ours + no-op, nodes only"]
+        graph = per_run["ours + no-op, nodes only"] - per_run["ours"]
+        print(
+            f"\nper run, no-op handler: LangGraph's node runs {graph / 1e6:.3f} M, "
+            f"our chat-model + tool runs {ours / 1e6:.3f} M "
+            f"({ours / per_run['ours'] * 100:.1f}% of a run without callbacks)"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"instructions_per_run": per_run}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

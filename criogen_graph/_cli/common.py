@@ -1,0 +1,39 @@
+"""What every command of the command line shares: exit codes, the storage and model
+defaults, and the error a command explains in one line."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+__all__ = [
+    "DEFAULT_STORAGE",
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "MODEL_ENV",
+    "STORAGE_ENV",
+    "CliError",
+    "run",
+]
+
+T = TypeVar("T")
+
+#: The storage of `threads` and `chat` when neither `--storage` nor $CRIOGEN_STORAGE says.
+DEFAULT_STORAGE = "sqlite:///criogen.db"
+#: Environment variables that give `--storage` and `--model` a default.
+STORAGE_ENV = "CRIOGEN_STORAGE"
+MODEL_ENV = "CRIOGEN_MODEL"
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class CliError(Exception):
+    """A runtime problem the command explains in one line (exit code 1)."""
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine on a new event loop."""
+    return asyncio.run(coro)

@@ -1,0 +1,517 @@
+"""The `criogen-graph` argument parser: its commands, their options and help.
+
+Building it imports no heavy module: a command's own modules load when it runs."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from criogen_graph._cli.background import cmd_runs, cmd_worker
+from criogen_graph._cli.chat import cmd_chat
+from criogen_graph._cli.common import DEFAULT_STORAGE, MODEL_ENV, STORAGE_ENV
+from criogen_graph._cli.demo import cmd_demo
+from criogen_graph._cli.loading import model_choice
+from criogen_graph._cli.threads import Decisions, cmd_threads, parse_decisions
+from criogen_graph._version import __version__
+
+__all__ = ["build_parser"]
+
+_MAIN_EPILOG = """\
+examples:
+  criogen-graph demo
+  criogen-graph chat --model openai:gpt-5-mini --tools my_tools:tools --approve refund
+  criogen-graph threads list
+  criogen-graph threads pending ticket-42
+  criogen-graph threads approve ticket-42 --agent support:agent
+
+Run `criogen-graph COMMAND --help` for the options of a command.
+"""
+
+_CHAT_DESCRIPTION = """\
+Chat with an agent in the terminal. The answer streams as the model writes it, tool
+calls show as they run, and a call that needs approval is asked at the prompt (approve,
+reject with a reason, edit its arguments as JSON). The conversation is a saved thread:
+run the command again with the same --thread to continue it, from any process.
+"""
+
+_CHAT_EPILOG = f"""\
+models (--model, or ${MODEL_ENV}):
+  provider:model   openai:gpt-5-mini, anthropic:claude-sonnet-4-5, gemini:gemini-2.5-flash,
+                   openrouter:..., azure:...; the key comes from the environment or .env
+  fake             echoes what you write (no key, no network)
+  FILE.json        a FakeModel script: a RecordingModel recording, or a JSON list of replies
+                   such as ["Hello!", {{"text": "Looking.", "tool_calls": [{{"name": "get_order",
+                   "args": {{"order_id": "A-1"}}}}]}}]
+
+at the prompt:
+  /help  /history  /pending  /retry  /quit (or Ctrl-D)
+  Ctrl-C while an answer streams cancels the run; it is saved and /retry continues it.
+
+examples:
+  criogen-graph chat --model openai:gpt-5-mini
+  criogen-graph chat --model anthropic:claude-sonnet-4-5 --tools shop.tools:tools \\
+      --approve refund --instructions "You are a support agent." --thread ticket-42
+  criogen-graph chat --model script.json --storage sqlite:///support.db --thread ticket-42
+"""
+
+_THREADS_DESCRIPTION = """\
+Read and answer the threads kept in a storage. Reading (list, show, history, pending,
+audit) needs only the storage; answering (approve, reject, decide, retry) continues the
+run, so it needs the agent whose tools and model run next: --agent module:attr names an
+importable Agent.
+"""
+
+_THREADS_EPILOG = f"""\
+storage (--storage, or ${STORAGE_ENV}; default {DEFAULT_STORAGE} in the current directory):
+  sqlite:///relative.db, sqlite:////abs/path.db, a plain path to a .db file, or
+  postgresql://user@host/db. With --agent and no --storage, the agent's own storage.
+
+examples:
+  criogen-graph threads list
+  criogen-graph threads --storage sqlite:///support.db show ticket-42
+  criogen-graph threads pending ticket-42 --json
+  criogen-graph threads approve ticket-42 --agent support:agent --actor ada
+  criogen-graph threads reject ticket-42 --reason "not eligible" --agent support:agent
+  criogen-graph threads decide ticket-42 --agent support:agent \\
+      --json '{{"call_abc": {{"type": "edit", "args": {{"order_id": "A-2"}}}}}}'
+  criogen-graph threads audit ticket-42 --json
+"""
+
+_DECIDE_EXAMPLE = (
+    "criogen-graph threads decide ticket-42 --agent support:agent --json "
+    '\'{"call_abc": {"type": "edit", "args": {"order_id": "A-2"}}, '
+    '"call_def": {"type": "reject", "message": "no"}}\'\n'
+    "  criogen-graph threads decide ticket-42 --agent support:agent --json '\"approve\"'\n"
+    "  criogen-graph threads decide ticket-42 --agent support:agent --json "
+    '\'["approve", {"type": "respond", "message": "out of stock"}]\''
+)
+
+_DECIDE_HELP = (
+    "{call_id: decision, ...}; or one decision for every pending call; or a list of "
+    "decisions, one per pending call in the order `threads pending` lists them. A decision "
+    'is "approve", "reject", {"type": "approve"}, {"type": "reject", "message": ...}, '
+    '{"type": "edit", "args": {...}, "name"?: ...} or {"type": "respond", "message": ...}'
+)
+
+_WORKER_DESCRIPTION = """\
+Run the background runs queued in a PostgreSQL storage (thread.submit(...)), until
+SIGINT or SIGTERM (which let the running ones finish). Start as many as you like, on as
+many machines as you like, all with the same --agent and --storage: each run goes to one
+worker, the runs of one thread one at a time in order, and the runs of a worker that
+died (silent for --stalled-after seconds) are continued by the others from their last
+saved step."""
+
+_JSON_HELP = "print JSON (for scripts)"
+
+
+# -- argument types -------------------------------------------------------------------------
+
+
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
+
+
+def _module_attr(value: str) -> str:
+    module, sep, attr = value.rpartition(":")
+    if not sep or not module or not attr:
+        raise argparse.ArgumentTypeError(
+            f"expected module:attribute (e.g. my_tools:tools or app/agents.py:agent), got {value!r}"
+        )
+    return value
+
+
+def _expected(value: str) -> int | str:
+    """`--expect`: a version (digits) or a checkpoint id."""
+    value = value.strip()
+    if not value:
+        raise argparse.ArgumentTypeError("expected a version (e.g. 7) or a checkpoint id")
+    return int(value) if value.isdigit() else value
+
+
+def _decisions(value: str) -> Decisions:
+    """`threads decide --json`."""
+    try:
+        return parse_decisions(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return n
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
+
+
+# -- the parser -------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `criogen-graph` argument parser."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show the traceback of an error",
+    )
+    parser = argparse.ArgumentParser(
+        prog="criogen-graph",
+        description="Durable agents on LangGraph: a demo, a terminal chat on saved threads,\n"
+        "and commands to read and answer threads (exit codes: 0 ok, 1 error, 2 usage).",
+        epilog=_MAIN_EPILOG,
+        formatter_class=_formatter,
+    )
+    parser.add_argument("--version", action="version", version=f"criogen-graph {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_demo(sub, common)
+    _add_chat(sub, common)
+    _add_threads(sub, common)
+    _add_worker(sub, common)
+    _add_runs(sub, common)
+    return parser
+
+
+def _add_demo(sub: Any, common: argparse.ArgumentParser) -> None:
+    demo = sub.add_parser(
+        "demo",
+        parents=[common],
+        help="run the demo: a support agent on SQLite that stops for approval, answered "
+        "after a restart",
+        description="A support agent on SQLite with tools and an approval gate: the first "
+        "process stops for approval, a second one answers it from the file. It uses a "
+        "provider when a key is set (or CRIOGEN_DEMO_MODEL=provider:model), else a "
+        "scripted model.",
+        epilog="example:\n  criogen-graph demo --db /tmp/demo.db",
+        formatter_class=_formatter,
+    )
+    demo.add_argument(
+        "--db", type=Path, default=Path("criogen-demo.db"), help="the SQLite file to use"
+    )
+    demo.add_argument("--resume", metavar="THREAD", help=argparse.SUPPRESS)
+    demo.set_defaults(handler=cmd_demo, command_parser=demo)
+
+
+def _add_chat(sub: Any, common: argparse.ArgumentParser) -> None:
+    chat = sub.add_parser(
+        "chat",
+        parents=[common],
+        help="chat with an agent in the terminal (streamed, with approvals at the prompt)",
+        description=_CHAT_DESCRIPTION,
+        epilog=_CHAT_EPILOG,
+        formatter_class=_formatter,
+    )
+    chat.add_argument(
+        "--model",
+        type=model_choice,
+        metavar="MODEL",
+        help=f"provider:model, 'fake', or a FakeModel script file (default: ${MODEL_ENV})",
+    )
+    chat.add_argument(
+        "--storage",
+        metavar="URL",
+        help=f"where the thread is kept (default: ${STORAGE_ENV} or {DEFAULT_STORAGE})",
+    )
+    chat.add_argument(
+        "--thread",
+        metavar="ID",
+        help="the thread to continue or start (default: a new id, printed at the start)",
+    )
+    chat.add_argument("--instructions", metavar="TEXT", help="the agent's instructions")
+    chat.add_argument(
+        "--tools",
+        type=_module_attr,
+        action="append",
+        default=[],
+        metavar="MODULE:ATTR",
+        help="tools to offer: a list of tools, one tool, or an Agent (its tools and approval "
+        "rules), imported from your module (repeatable; the current directory is importable)",
+    )
+    chat.add_argument(
+        "--approve",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="TOOL",
+        help="tools whose calls wait for your approval at the prompt",
+    )
+    chat.add_argument(
+        "--actor", metavar="NAME", help="who you are, for the audit trail (default: your login)"
+    )
+    chat.set_defaults(handler=cmd_chat, command_parser=chat)
+
+
+class _Actions:
+    """Adds the actions of `threads`, each with its help, description and example."""
+
+    def __init__(self, tsub: Any) -> None:
+        self.tsub = tsub
+
+    def add(
+        self, name: str, help: str, parents: Sequence[argparse.ArgumentParser], ex: str
+    ) -> argparse.ArgumentParser:
+        """The parser of action `name`."""
+        p: argparse.ArgumentParser = self.tsub.add_parser(
+            name,
+            parents=list(parents),
+            help=help,
+            description=help[0].upper() + help[1:] + ".",
+            epilog=("examples:\n  " if "\n" in ex else "example:\n  ") + ex,
+            formatter_class=_formatter,
+        )
+        p.set_defaults(action_parser=p)
+        return p
+
+
+def _add_threads(sub: Any, common: argparse.ArgumentParser) -> None:
+    threads = sub.add_parser(
+        "threads",
+        parents=[common],
+        help="list, read and answer saved threads",
+        description=_THREADS_DESCRIPTION,
+        epilog=_THREADS_EPILOG,
+        formatter_class=_formatter,
+    )
+    threads.add_argument(
+        "--storage",
+        metavar="URL",
+        help=f"the storage (default: ${STORAGE_ENV} or {DEFAULT_STORAGE})",
+    )
+    actions = _Actions(threads.add_subparsers(dest="action", metavar="ACTION"))
+    threads.set_defaults(handler=cmd_threads, threads_parser=threads)
+    reading, answering = _threads_options()
+    _add_reading(actions, reading)
+    _add_answering(actions, answering)
+    _add_audit(actions, reading)
+
+
+def _threads_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The options of the reading actions and of the answering ones (every `threads`
+    action also takes --storage and --debug after its name)."""
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument(
+        "--storage",
+        metavar="URL",
+        default=argparse.SUPPRESS,
+        help=f"the storage (default: ${STORAGE_ENV} or {DEFAULT_STORAGE})",
+    )
+    shared.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks"
+    )
+    reading = argparse.ArgumentParser(add_help=False, parents=[shared])
+    reading.add_argument(
+        "--agent",
+        type=_module_attr,
+        metavar="MODULE:ATTR",
+        help="read through this Agent (e.g. for its storage or its encryption key)",
+    )
+    answering = argparse.ArgumentParser(add_help=False, parents=[shared])
+    answering.add_argument(
+        "--agent",
+        type=_module_attr,
+        metavar="MODULE:ATTR",
+        help="the Agent whose model and tools continue the run (required)",
+    )
+    answering.add_argument(
+        "--actor", metavar="NAME", help="who answers, for the audit trail (default: your login)"
+    )
+    return reading, answering
+
+
+def _add_reading(actions: _Actions, reading: argparse.ArgumentParser) -> None:
+    p = actions.add(
+        "list", "the thread ids, with their status", [reading], "criogen-graph threads list"
+    )
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p = actions.add(
+        "show", "a thread's messages", [reading], "criogen-graph threads show ticket-42 --json"
+    )
+    p.add_argument("thread_id", metavar="ID", help="the thread id")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p = actions.add(
+        "history",
+        "a thread's checkpoints (versions), newest first",
+        [reading],
+        "criogen-graph threads history ticket-42 --limit 5",
+    )
+    p.add_argument("thread_id", metavar="ID", help="the thread id")
+    p.add_argument("--limit", type=_positive_int, default=20, help="how many (default 20)")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p = actions.add(
+        "pending",
+        "the calls of a thread waiting for approval (call ids, tools, args)",
+        [reading],
+        "criogen-graph threads pending ticket-42",
+    )
+    p.add_argument("thread_id", metavar="ID", help="the thread id")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+
+
+def _add_audit(actions: _Actions, reading: argparse.ArgumentParser) -> None:
+    p = actions.add(
+        "audit",
+        "audit records (who did what, when), oldest first",
+        [reading],
+        "criogen-graph threads audit ticket-42 --limit 50",
+    )
+    p.add_argument("thread_id", metavar="ID", nargs="?", help="one thread (default: all)")
+    p.add_argument("--limit", type=_positive_int, help="only the newest N records")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+
+
+def _expect_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--expect",
+        type=_expected,
+        metavar="VERSION",
+        help="answer only if the thread still waits at this version (or checkpoint id), "
+        "the one `threads pending` showed; else fail and change nothing. Without it, the "
+        "answer applies to the calls this command reads and prints",
+    )
+
+
+def _add_answering(actions: _Actions, answering: argparse.ArgumentParser) -> None:
+    p = actions.add(
+        "approve",
+        "approve the pending calls of a thread and continue its run",
+        [answering],
+        "criogen-graph threads approve ticket-42 --agent support:agent --call call_abc",
+    )
+    p.add_argument("thread_id", metavar="ID", help="the thread id")
+    p.add_argument(
+        "--call",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="CALL_ID",
+        help="approve only these calls (every other pending call then needs --reject-others)",
+    )
+    p.add_argument(
+        "--reject-others",
+        action="store_true",
+        help="with --call: reject the pending calls not listed",
+    )
+    p.add_argument(
+        "--reason",
+        default="rejected",
+        metavar="TEXT",
+        help="with --reject-others: what the model is told",
+    )
+    _expect_option(p)
+    p = actions.add(
+        "reject",
+        "reject every pending call of a thread and continue its run",
+        [answering],
+        'criogen-graph threads reject ticket-42 --reason "not eligible" --agent support:agent',
+    )
+    p.add_argument("thread_id", metavar="ID", help="the thread id")
+    p.add_argument("--reason", default="rejected", metavar="TEXT", help="what the model is told")
+    _expect_option(p)
+    p = actions.add(
+        "decide",
+        "answer each pending call (approve, reject, edit, respond) and continue the run",
+        [answering],
+        _DECIDE_EXAMPLE,
+    )
+    p.add_argument("thread_id", metavar="ID", help="the thread id")
+    p.add_argument(
+        "--json",
+        dest="decisions",
+        required=True,
+        type=_decisions,
+        metavar="JSON",
+        help=_DECIDE_HELP,
+    )
+    _expect_option(p)
+    p = actions.add(
+        "retry",
+        "continue a thread's run that failed or was cancelled",
+        [answering],
+        "criogen-graph threads retry ticket-42 --agent support:agent",
+    )
+    p.add_argument("thread_id", metavar="ID", help="the thread id")
+
+
+def _add_worker(sub: Any, common: argparse.ArgumentParser) -> None:
+    worker = sub.add_parser(
+        "worker",
+        parents=[common],
+        help="run queued background runs (PostgreSQL)",
+        description=_WORKER_DESCRIPTION,
+        epilog="example:\n  criogen-graph worker --agent support:agent "
+        "--storage postgresql://app@db/app --concurrency 8",
+        formatter_class=_formatter,
+    )
+    worker.add_argument(
+        "--agent",
+        metavar="MODULE:ATTR",
+        action="append",
+        required=True,
+        help="an importable Agent whose threads it serves (repeat for several)",
+    )
+    worker.add_argument(
+        "--storage",
+        metavar="URL",
+        help=f"the PostgreSQL storage (default: ${STORAGE_ENV}, else the agent's own)",
+    )
+    worker.add_argument(
+        "--concurrency", type=_positive_int, default=4, help="runs at once (default 4)"
+    )
+    worker.add_argument(
+        "--heartbeat",
+        type=_positive_float,
+        default=2.0,
+        help="seconds between heartbeats (default 2)",
+    )
+    worker.add_argument(
+        "--stalled-after",
+        type=_positive_float,
+        default=10.0,
+        help="seconds without a heartbeat after which a worker is taken for dead (default 10)",
+    )
+    worker.set_defaults(handler=cmd_worker)
+
+
+def _add_runs(sub: Any, common: argparse.ArgumentParser) -> None:
+    runs = sub.add_parser(
+        "runs",
+        parents=[common],
+        help="list, show and cancel background runs (PostgreSQL)",
+        description="The queue of background runs of a PostgreSQL storage.",
+        epilog="examples:\n  criogen-graph runs list --status failed\n"
+        "  criogen-graph runs show 3f2a...\n  criogen-graph runs cancel 3f2a...",
+        formatter_class=_formatter,
+    )
+    runs.add_argument(
+        "--storage", metavar="URL", help=f"the PostgreSQL storage (default: ${STORAGE_ENV})"
+    )
+    rsub = runs.add_subparsers(dest="runs_action", metavar="ACTION")
+    runs.set_defaults(handler=cmd_runs, runs_parser=runs)
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--storage", metavar="URL", default=argparse.SUPPRESS)
+    shared.add_argument("--json", action="store_true", help="print JSON")
+    p = rsub.add_parser("list", parents=[shared], help="runs, newest first")
+    p.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "cancelled"])
+    p.add_argument("--thread", metavar="ID", help="only this thread's runs")
+    p.add_argument("--limit", type=_positive_int, default=50, help="at most N (default 50)")
+    p = rsub.add_parser("show", parents=[shared], help="one run: status, attempts, worker, error")
+    p.add_argument("run_id", metavar="RUN_ID")
+    p = rsub.add_parser("cancel", parents=[shared], help="cancel a queued or running run")
+    p.add_argument("run_id", metavar="RUN_ID")
