@@ -11,8 +11,11 @@ median over blocks of ms per turn (= per model call), and the ratios to nothing.
 
 Also measured: a sampler that drops every trace; LangChain callbacks (the graph run with
 `ainvoke` and a handler that does nothing, against the same without a handler: node runs
-are LangGraph's, chat-model and tool runs ours); and "nothing configured" (`agent.run`
-against the same with the nodes' callback checks taken out).
+are LangGraph's, chat-model and tool runs ours; each also with our runs taken out, which
+leaves LangGraph's own share), for a handler that implements no method, an async one,
+and one that implements the methods of every run and does nothing in them; and "nothing
+configured" (`agent.run` against the same with the nodes' callback checks taken out).
+Timings on a busy machine are noisy: bench/callgrind_observe.py counts instructions.
 
     python bench/bench_observe.py [--blocks 12] [--runs 100] [--cpu] [--json out.json]
 """
@@ -105,21 +108,35 @@ async def measure(
 
 
 class _Bypass:
-    """The nodes with no LangChain-callback reporting at all (the model and tool calls
-    awaited directly), while entered: the baseline for what checking for callbacks costs."""
+    """Our nodes with no LangChain-callback reporting at all (the model and tool calls
+    awaited directly), while entered: the baseline for what checking for callbacks costs,
+    and, with a handler, what LangGraph's own node runs cost alone."""
 
     def __init__(self) -> None:
-        from criogen_graph.nodes import model, tools
+        import importlib
+        import pkgutil
 
-        self.model, self.tools = model, tools
-        self.saved = model.report_chat, tools.report_tool
+        import criogen_graph.nodes
+        from criogen_graph import _callbacks
+
+        self.patched: list[tuple[Any, str, Any]] = []
+        for info in pkgutil.iter_modules(criogen_graph.nodes.__path__):
+            module = importlib.import_module(f"criogen_graph.nodes.{info.name}")
+            for name in ("report_chat", "report_tool", "token_sink"):
+                if getattr(module, name, None) is getattr(_callbacks, name, False):
+                    self.patched.append((module, name, getattr(module, name)))
+        assert {n for _, n, _ in self.patched} >= {"report_chat", "report_tool"}
 
     def __enter__(self) -> None:
-        self.model.report_chat = lambda spec, request, call: call  # type: ignore[assignment,misc,return-value]
-        self.tools.report_tool = lambda spec, payload, call: call  # type: ignore[assignment,misc,return-value]
+        for module, name, _ in self.patched:
+            if name == "token_sink":
+                setattr(module, name, lambda sink: sink)
+            else:
+                setattr(module, name, lambda spec, x, call, *a, **k: call)
 
     def __exit__(self, *exc: Any) -> None:
-        self.model.report_chat, self.tools.report_tool = self.saved
+        for module, name, saved in self.patched:
+            setattr(module, name, saved)
 
 
 def main() -> None:
@@ -147,6 +164,29 @@ def main() -> None:
 
     class AsyncNoOp(AsyncCallbackHandler):
         """The same, async (run on the event loop)."""
+
+    class Listening(BaseCallbackHandler):
+        """Overrides the methods of node, chat-model and tool runs, and does nothing in
+        them: what a handler that looks at every run (a tracer) costs, without its own
+        work. (A handler that overrides none of a run's methods is left out of it.)"""
+
+        def on_chain_start(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_chain_end(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_llm_end(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_tool_start(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_tool_end(self, *args: Any, **kwargs: Any) -> None:
+            pass
 
     print("# machine:", json.dumps(machine()))
     with loopback_server() as base:
@@ -182,6 +222,7 @@ def main() -> None:
         start = {"messages": [{"role": "user", "content": USER}]}
         no_op = {"callbacks": [NoOp()]}
         async_no_op = {"callbacks": [AsyncNoOp()]}
+        listening = {"callbacks": [Listening()]}
 
         async def graph_off() -> None:
             await graph.ainvoke(start)
@@ -208,6 +249,16 @@ def main() -> None:
                 await graph.ainvoke(start, no_op)
 
         variants["graph, no-op, node runs only"] = (graph_no_op_nodes_only, lambda: None)
+
+        async def graph_listening() -> None:
+            await graph.ainvoke(start, listening)
+
+        async def graph_listening_nodes_only() -> None:
+            with bypass:
+                await graph.ainvoke(start, listening)
+
+        variants["graph, listening handler"] = (graph_listening, lambda: None)
+        variants["graph, listening, nodes only"] = (graph_listening_nodes_only, lambda: None)
         variants["graph, async no-op handler"] = (graph_async_no_op, lambda: None)
         variants["graph, async no-op, nodes only"] = (graph_async_no_op_nodes_only, lambda: None)
         variants["off, no callback checks"] = (bypassed, lambda: None)
@@ -223,12 +274,20 @@ def main() -> None:
     r_red = per["redactor (pii built-ins)"] / off
     r_cb = per["graph, no-op handler"] / per["graph, no callbacks"]
     r_cb_ours = per["graph, no-op handler"] / per["graph, no-op, node runs only"]
+    r_lcb = per["graph, listening handler"] / per["graph, no callbacks"]
+    r_lcb_nodes = per["graph, listening, nodes only"] / per["graph, no callbacks"]
+    r_lcb_ours = per["graph, listening handler"] / per["graph, listening, nodes only"]
+    r_cb_nodes = per["graph, no-op, node runs only"] / per["graph, no callbacks"]
     r_acb = per["graph, async no-op handler"] / per["graph, no callbacks"]
     r_acb_ours = per["graph, async no-op handler"] / per["graph, async no-op, nodes only"]
     r_none = off / per["off, no callback checks"]
     print(f"\nratio telemetry / off          {r_tel:.2f}   (target <= 1.20)")
     print(f"ratio no-op callbacks / none   {r_cb:.2f}   (target <= 1.15)")
     print(f"ratio with our runs / without  {r_cb_ours:.2f}   (LangGraph's node runs in both)")
+    print(f"ratio node runs only / none    {r_cb_nodes:.2f}   (LangGraph's own share)")
+    print(f"ratio listening / none         {r_lcb:.2f}")
+    print(f"ratio listening, nodes / none  {r_lcb_nodes:.2f}   (LangGraph's own share)")
+    print(f"ratio with our runs / without  {r_lcb_ours:.2f}   (listening; node runs in both)")
     print(f"ratio async no-op / none       {r_acb:.2f}   (target <= 1.15)")
     print(f"ratio with our runs / without  {r_acb_ours:.2f}   (async; node runs in both)")
     print(f"ratio off / no checks at all   {r_none:.2f}   (target <= 1.02)")
@@ -241,6 +300,10 @@ def main() -> None:
                     "ratio_telemetry": r_tel,
                     "ratio_callbacks": r_cb,
                     "ratio_callbacks_our_runs": r_cb_ours,
+                    "ratio_callbacks_node_runs_only": r_cb_nodes,
+                    "ratio_listening_callbacks": r_lcb,
+                    "ratio_listening_node_runs_only": r_lcb_nodes,
+                    "ratio_listening_our_runs": r_lcb_ours,
                     "ratio_async_callbacks": r_acb,
                     "ratio_async_callbacks_our_runs": r_acb_ours,
                     "ratio_nothing_configured": r_none,

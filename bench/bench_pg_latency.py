@@ -10,8 +10,8 @@ ms per send / 2. Round trips are given two ways:
   received (a pipeline of statements is one), summed over every connection, over
   `--count` sends at D = 0 (deterministic);
 - slope: the least-squares slope of ms per send against the round-trip delay the proxy
-  actually applied (2 x its measured mean delay per packet; the event loop's timers
-  round a 0.5 ms sleep up), i.e. the round trips on the critical path.
+  actually applied (2 x its measured mean delay per packet: on a busy machine the proxy
+  wakes up late), i.e. the round trips on the critical path.
 
     python bench/bench_pg_latency.py [--pg URL] [--blocks 6] [--runs 15] [--count 50]
         [--delays 0,0.5,1] [--json out.json]

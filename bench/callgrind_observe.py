@@ -1,9 +1,10 @@
 """What LangChain callbacks cost per agent run, in instructions (valgrind's callgrind), so
 the figures hold on a machine other processes keep busy.
 
-Each variant runs in its own process under `valgrind --tool=callgrind`, twice: with a
-few runs and with many more. The difference of the two instruction counts, divided by
-the difference in runs, is the cost of one run (imports and set-up cancel out). A run is
+All variants run one after the other in one process under `valgrind --tool=callgrind`:
+each is warmed up, then run `--runs` times between two calls of a C function nothing else
+calls (`ffi_call`, through ctypes), before each of which callgrind writes the count so far
+(`--dump-before`): the count written at the second call is the variants' runs alone. A run is
 bench_observe.py's job (a 600-character customer message, a tool call with an
 800-character result, a 400-character answer: two model calls and one tool call), as
 `graph.ainvoke` of our agent and of LangChain's `create_agent` doing the same job with a
@@ -18,8 +19,8 @@ scripted chat model. Variants:
 - `... + ignoring no-op`: a handler that sets `ignore_llm`, `ignore_chat_model` and
   `ignore_agent` (it wants node runs only).
 
-    python bench/callgrind_observe.py [--few 10] [--many 60] [--only "ours;create_agent"]
-                                      [--keep DIR] [--json out.json]
+    python bench/callgrind_observe.py [--runs 15] [--warmup 5] [--only "ours;create_agent"]
+                                      [--tree DIR] [--keep DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ VARIANTS = [
     "ours + async no-op, nodes only",
     "ours + ignoring no-op",
     "ours + listening no-op",
+    "ours + listening no-op, nodes only",
     "create_agent",
     "create_agent + no-op",
     "create_agent + async no-op",
@@ -105,7 +107,7 @@ def _handlers() -> dict[str, Any]:
 
 class _NodesOnly:
     """While entered, our nodes await their model and tool calls without reporting them
-    (LangGraph's node runs are still reported)."""
+    and stream text without passing it on (LangGraph's node runs are still reported)."""
 
     def __init__(self) -> None:
         import importlib
@@ -117,47 +119,55 @@ class _NodesOnly:
         self.patched: list[tuple[Any, str, Any]] = []
         for info in pkgutil.iter_modules(criogen_graph.nodes.__path__):
             module = importlib.import_module(f"criogen_graph.nodes.{info.name}")
-            for name in ("report_chat", "report_tool"):
-                if getattr(module, name, None) is getattr(_callbacks, name):
+            for name in ("report_chat", "report_tool", "token_sink"):
+                if getattr(module, name, None) is getattr(_callbacks, name, False):
                     self.patched.append((module, name, getattr(module, name)))
+        assert {n for _, n, _ in self.patched} >= {"report_chat", "report_tool"}
 
     def __enter__(self) -> None:
         for module, name, _ in self.patched:
-            setattr(module, name, lambda spec, x, call: call)
+            if name == "token_sink":
+                setattr(module, name, lambda sink: sink)
+            else:
+                setattr(module, name, lambda spec, x, call, *a, **k: call)
 
     def __exit__(self, *exc: Any) -> None:
         for module, name, saved in self.patched:
             setattr(module, name, saved)
 
 
-def child(variant: str, runs: int) -> None:
-    """Run `variant` `runs` times, after the same warm-up whatever `runs` is."""
+def child(variants: list[str], runs: int, warmup: int) -> None:
+    """Run each variant `warmup` times, then `runs` times between two markers."""
     import contextlib
+    import ctypes
 
     from _common import lc_echo, scripted_chat_model
     from bench_observe import USER, make_agent
 
-    if variant.startswith("create_agent"):
-        from langchain.agents import create_agent
-
-        graph = create_agent(scripted_chat_model(), [lc_echo()])
-    else:
-        graph = make_agent().graph
-    kind, _, only = variant.partition(" + ")[2].partition(", ")
+    marker = ctypes.CDLL(None).getpid  # any C function: callgrind dumps at ffi_call
     handlers = _handlers()
-    if (kind and kind not in handlers) or only not in ("", "nodes only"):
-        raise SystemExit(f"unknown variant {variant!r}")
-    config: dict[str, Any] = {"callbacks": [handlers[kind]()]} if kind else {}
-    bypass = _NodesOnly() if only else contextlib.nullcontext()
     start = {"messages": [{"role": "user", "content": USER}]}
 
     async def go() -> None:
-        with bypass:
-            for _ in range(5):
-                await graph.ainvoke(start, config)
-            for _ in range(runs):
-                out = await graph.ainvoke(start, config)
-                assert len(out["messages"]) == 4
+        for variant in variants:
+            if variant.startswith("create_agent"):
+                from langchain.agents import create_agent
+
+                graph = create_agent(scripted_chat_model(), [lc_echo()])
+            else:
+                graph = make_agent().graph
+            kind, _, only = variant.partition(" + ")[2].partition(", ")
+            if (kind and kind not in handlers) or only not in ("", "nodes only"):
+                raise SystemExit(f"unknown variant {variant!r}")
+            config: dict[str, Any] = {"callbacks": [handlers[kind]()]} if kind else {}
+            with _NodesOnly() if only else contextlib.nullcontext():
+                for _ in range(warmup):
+                    await graph.ainvoke(start, config)
+                marker()
+                for _ in range(runs):
+                    out = await graph.ainvoke(start, config)
+                    assert len(out["messages"]) == 4
+                marker()
 
     asyncio.run(go())
     import criogen_graph
@@ -165,37 +175,52 @@ def child(variant: str, runs: int) -> None:
     print("criogen_graph from", os.path.dirname(criogen_graph.__file__), file=sys.stderr)
 
 
-def instructions(variant: str, runs: int, keep: str | None, tree: str | None) -> int:
-    out = os.path.join(keep, f"{variant.replace(' ', '_')}.{runs}.out") if keep else "/dev/null"
+def instructions(
+    variants: list[str], runs: int, warmup: int, folder: str, tree: str | None
+) -> dict[str, float]:
+    """Instructions per run of each variant."""
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     if tree:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, env.get("PYTHONPATH")) if p)
+    out = os.path.join(folder, "callgrind.out")
     done = subprocess.run(
         [
             "valgrind",
             "--tool=callgrind",
+            "--dump-before=ffi_call",
             f"--callgrind-out-file={out}",
             sys.executable,
             os.path.abspath(__file__),
             "--child",
-            variant,
+            ";".join(variants),
             str(runs),
+            str(warmup),
         ],
         env=env,
         capture_output=True,
         text=True,
     )
     if done.returncode != 0:
-        raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    assert found, done.stderr[-2000:]
-    return int(found.group(1))
+        raise SystemExit(f"failed:\n{done.stderr[-3000:]}")
+    print(*(line for line in done.stderr.splitlines() if "criogen_graph from" in line))
+    totals = []
+    for n in range(1, 2 * len(variants) + 2):
+        path = f"{out}.{n}"
+        if not os.path.exists(path):
+            break
+        with open(path) as f:
+            found = re.search(r"^totals: (\d+)", f.read(), re.M)
+        assert found, path
+        totals.append(int(found.group(1)))
+    # One dump at each marker: anything else calling ffi_call would add more.
+    assert len(totals) == 2 * len(variants), (len(totals), "dumps; expected", 2 * len(variants))
+    return {v: totals[2 * i + 1] / runs for i, v in enumerate(variants)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--few", type=int, default=10)
-    ap.add_argument("--many", type=int, default=60)
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--only", default=None, help="variants, separated by semicolons")
     ap.add_argument("--keep", default=None, help="keep the callgrind files in this folder")
     ap.add_argument("--json", default=None)
@@ -205,21 +230,18 @@ def main() -> None:
         help="a folder holding the criogen_graph package to measure (e.g. a copy of an "
         "earlier version) instead of the installed one",
     )
-    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]))
+        child(args.child[0].split(";"), int(args.child[1]), int(args.child[2]))
         return
     variants = args.only.split(";") if args.only else VARIANTS
-    if args.keep:
-        os.makedirs(args.keep, exist_ok=True)
-    per_run: dict[str, float] = {}
-    with tempfile.TemporaryDirectory():
-        for v in variants:
-            few = instructions(v, args.few, args.keep, args.tree)
-            many = instructions(v, args.many, args.keep, args.tree)
-            per_run[v] = (many - few) / (args.many - args.few)
-            print(f"{v:34s} {per_run[v] / 1e6:9.3f} M instructions per run", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.keep or tmp
+        os.makedirs(folder, exist_ok=True)
+        per_run = instructions(variants, args.runs, args.warmup, folder, args.tree)
+    for v in variants:
+        print(f"{v:34s} {per_run[v] / 1e6:9.3f} M instructions per run")
     print()
 
     def ratio(a: str, b: str, label: str) -> None:
@@ -233,18 +255,21 @@ def main() -> None:
     ratio("ours + async no-op, nodes only", "ours", "ours: async, node runs only / none")
     ratio("ours + ignoring no-op", "ours", "ours: handler ignoring llm+agent / none")
     ratio("ours + listening no-op", "ours", "ours: listening no-op / no callbacks")
+    ratio("ours + listening no-op, nodes only", "ours", "ours: listening, node runs only / none")
     ratio("create_agent + no-op", "create_agent", "create_agent: no-op / no callbacks")
     ratio("create_agent + async no-op", "create_agent", "create_agent: async no-op / none")
     ratio("create_agent + ignoring no-op", "create_agent", "create_agent: ignoring / none")
     ratio("create_agent + listening no-op", "create_agent", "create_agent: listening / none")
-    if "ours + no-op" in per_run and "ours + no-op, nodes only" in per_run and "ours" in per_run:
-        ours = per_run["ours + no-op"] - per_run["ours + no-op, nodes only"]
-        graph = per_run["ours + no-op, nodes only"] - per_run["ours"]
-        print(
-            f"\nper run, no-op handler: LangGraph's node runs {graph / 1e6:.3f} M, "
-            f"our chat-model + tool runs {ours / 1e6:.3f} M "
-            f"({ours / per_run['ours'] * 100:.1f}% of a run without callbacks)"
-        )
+    for kind in ("no-op", "async no-op", "listening no-op"):
+        full, nodes, none = f"ours + {kind}", f"ours + {kind}, nodes only", "ours"
+        if {full, nodes, none} <= per_run.keys():
+            ours = per_run[full] - per_run[nodes]
+            graph = per_run[nodes] - per_run[none]
+            print(
+                f"{kind}: per run, LangGraph's node runs {graph / 1e6:.3f} M "
+                f"({graph / per_run[none] * 100:.1f}% of a run without callbacks), our "
+                f"chat-model + tool runs {ours / 1e6:.3f} M ({ours / per_run[none] * 100:.1f}%)"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"instructions_per_run": per_run}, f, indent=2)

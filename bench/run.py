@@ -222,7 +222,7 @@ def rows_cold(d: dict[str, Any]) -> list[Row]:
         # keeps the baseline margins of the warm per-turn rows. PostgreSQL with a fresh
         # `Storage` per message has no target: opening one (a pool, the lock session, the
         # tables checked) costs several times `AsyncPostgresSaver.from_conn_string` and
-        # swamps the rest; see the README.
+        # swamps the rest; see docs/benchmarks.md.
         first_target = {"sqlite": 2.00, "postgres": None}[backend]
         fresh_target = {"sqlite": 0.60, "postgres": None}[backend]
         workers_first_target = {"sqlite": 2.00, "postgres": 2.50}[backend]

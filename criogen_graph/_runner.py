@@ -372,14 +372,23 @@ class _Saved:
         return seg
 
     def config(self, run_id: str, head: Head) -> tuple[RunnableConfig, dict[str, Any]]:
+        metadata: dict[str, Any] = {
+            "run_id": run_id,
+            "actor": self.actor,
+            "criogen_v0": head.version + 1,
+            "criogen_s0": head.step + 1,
+        }
+        redactor = CURRENT.get()
+        if redactor is not None:
+            # The metadata reaches every callback handler (LangSmith) and the checkpoint's
+            # metadata: under the policy, like the spans. LangGraph copies the thread id
+            # there only when it is not set already.
+            metadata["thread_id"] = redactor.redact(self.id)
+            if self.actor is not None:
+                metadata["actor"] = redactor.redact(self.actor)
         config: RunnableConfig = {
             "configurable": {"thread_id": self.id},
-            "metadata": {
-                "run_id": run_id,
-                "actor": self.actor,
-                "criogen_v0": head.version + 1,
-                "criogen_s0": head.step + 1,
-            },
+            "metadata": metadata,
             "recursion_limit": self.agent.run_config["recursion_limit"],
         }
         # Each step is saved before the next one starts, so no tool runs with a call id
@@ -459,7 +468,9 @@ class _Saved:
 
 async def run_once(agent: Agent[Output], prepare: Prepare) -> RunResult[Output]:
     """`agent.run`: one segment on no thread."""
-    result = await _run_segment(agent, "run", prepare, _Unsaved(agent), None)
+    result = await _redacted(
+        agent.spec.redact, _segment(agent, "run", prepare, _Unsaved(agent), None)
+    )
     return cast("RunResult[Output]", result)
 
 
@@ -474,25 +485,19 @@ async def run_on_thread(
     """A thread's `action` (send, approve, reject, decide, retry): one segment on thread
     `thread_id` of the agent's storage, streaming its events into `stream` if given."""
     place = _Saved(agent, thread_id, actor)
-    result = await _run_segment(agent, action, prepare, place, stream)
+    result = await _redacted(agent.spec.redact, _segment(agent, action, prepare, place, stream))
     return cast("Reply[Output]", result)
 
 
-async def _run_segment(
-    agent: Agent[Any],
-    action: str,
-    prepare: Prepare,
-    place: _Place,
-    stream: Stream[Any] | None,
-) -> RunResult[Any]:
-    own = agent.spec.redact
+async def _redacted(own: Redactor | None, segment: Awaitable[RunResult[Any]]) -> RunResult[Any]:
+    """`segment` run under the redaction policy of an agent whose own redactor is `own`."""
     if own is None:
-        return await _segment(agent, action, prepare, place, stream)
+        return await segment
     # The policy holds for the whole segment, hooks and audit records included, so
     # the library's log records from any part of it are redacted.
     token = CURRENT.set(effective(own))
     try:
-        return await _segment(agent, action, prepare, place, stream)
+        return await segment
     finally:
         CURRENT.reset(token)
 

@@ -6,23 +6,17 @@ import contextvars
 import uuid
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, overload
 
 from criogen_graph._observe import run_redactor
 from criogen_graph._output import OutputSpec
 from criogen_graph._runner import Head, Start, check_state, run_once, user_message
 from criogen_graph.adapters.models import resolve_model
 from criogen_graph.approvals import Approval, compile_approvals
-from criogen_graph.errors import (
-    MODEL_ERROR_KINDS,
-    LimitExceededError,
-    ValidationError,
-)
-from criogen_graph.hooks import (
-    compile_hooks,
-)
+from criogen_graph.errors import MODEL_ERROR_KINDS, LimitExceededError, ValidationError
+from criogen_graph.hooks import compile_hooks
 from criogen_graph.middleware import Middleware, check_middleware
-from criogen_graph.nodes.spec import AgentSpec
+from criogen_graph.nodes.spec import AgentSpec, add_tools
 from criogen_graph.nodes.state import new_run
 from criogen_graph.nodes.tools import ToolOutput
 from criogen_graph.options import Limits, Retry
@@ -41,7 +35,7 @@ if TYPE_CHECKING:
     from criogen_graph.storage import Storage
     from criogen_graph.thread import Thread
 
-__all__ = ["Agent", "AgentTool"]
+__all__ = ["Agent", "AgentOptions", "AgentTool"]
 
 Output = TypeVar("Output")
 
@@ -49,6 +43,29 @@ ON_TOOL_EXCEPTION = ("return_to_model", "return_generic", "fail")
 #: How deep agents may call agents (`agent.as_tool`).
 MAX_AGENT_DEPTH = 8
 _DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("criogen_agent_depth", default=0)
+
+
+class AgentOptions(TypedDict, total=False):
+    """The keyword options of `Agent(...)` other than `output` (see `Agent`): one list
+    for the two typed signatures, which differ only in `output`."""
+
+    instructions: str | None
+    tools: Iterable[Tool | ToolSource]
+    approve: Iterable[str | Approval]
+    limits: Limits | Mapping[str, Any] | None
+    on_tool_exception: str
+    storage: Storage | str | None
+    memory: Memory | None
+    fallbacks: Sequence[Model | str | BaseChatModel]
+    fallback_on: Iterable[str]
+    model_retry: Retry | Mapping[str, Any] | None
+    tool_retry: Retry | Mapping[str, Any] | None
+    max_retry_after_secs: float
+    telemetry: Telemetry | None
+    hooks: Sequence[object]
+    middleware: Sequence[Middleware]
+    redact: Redactor | None
+    name: str
 
 
 class Agent(Generic[Output]):
@@ -70,24 +87,8 @@ class Agent(Generic[Output]):
         self: Agent[str],
         model: Model | str | BaseChatModel,
         *,
-        instructions: str | None = None,
-        tools: Iterable[Tool | ToolSource] = (),
-        approve: Iterable[str | Approval] = (),
         output: None = None,
-        limits: Limits | Mapping[str, Any] | None = None,
-        on_tool_exception: str = "return_to_model",
-        storage: Storage | str | None = None,
-        memory: Memory | None = None,
-        fallbacks: Sequence[Model | str | BaseChatModel] = (),
-        fallback_on: Iterable[str] = (),
-        model_retry: Retry | Mapping[str, Any] | None = None,
-        tool_retry: Retry | Mapping[str, Any] | None = None,
-        max_retry_after_secs: float = 60,
-        telemetry: Telemetry | None = None,
-        hooks: Sequence[object] = (),
-        middleware: Sequence[Middleware] = (),
-        redact: Redactor | None = None,
-        name: str = "agent",
+        **options: Unpack[AgentOptions],
     ) -> None: ...
 
     @overload
@@ -95,24 +96,8 @@ class Agent(Generic[Output]):
         self: Agent[Output],
         model: Model | str | BaseChatModel,
         *,
-        instructions: str | None = None,
-        tools: Iterable[Tool | ToolSource] = (),
-        approve: Iterable[str | Approval] = (),
         output: type[Output],
-        limits: Limits | Mapping[str, Any] | None = None,
-        on_tool_exception: str = "return_to_model",
-        storage: Storage | str | None = None,
-        memory: Memory | None = None,
-        fallbacks: Sequence[Model | str | BaseChatModel] = (),
-        fallback_on: Iterable[str] = (),
-        model_retry: Retry | Mapping[str, Any] | None = None,
-        tool_retry: Retry | Mapping[str, Any] | None = None,
-        max_retry_after_secs: float = 60,
-        telemetry: Telemetry | None = None,
-        hooks: Sequence[object] = (),
-        middleware: Sequence[Middleware] = (),
-        redact: Redactor | None = None,
-        name: str = "agent",
+        **options: Unpack[AgentOptions],
     ) -> None: ...
 
     def __init__(
@@ -476,14 +461,14 @@ def _add_memory_tools(memory: object, tool_map: dict[str, Tool]) -> None:
         raise TypeError(
             f"memory must be a Memory (Memory.by_state(key) or Memory.shared()), got {memory!r}"
         )
-    for t in memory.make_tools():
-        if t.name in tool_map:
-            raise ValidationError(
-                f"the agent has a tool named {t.name!r}, like a memory tool; rename it "
-                "or pass Memory(..., tools=False)",
-                code="invalid_value",
-            )
-        tool_map[t.name] = t
+    add_tools(
+        tool_map,
+        memory.make_tools(),
+        clash=lambda name: (
+            f"the agent has a tool named {name!r}, like a memory tool; rename it "
+            "or pass Memory(..., tools=False)"
+        ),
+    )
 
 
 def _check_observability(telemetry: object, redact: object) -> Spans | None:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
 from criogen_graph.tools import Tool, ToolContext
@@ -134,29 +134,35 @@ class Middleware:
         return await handler(call)
 
 
-class _FunctionModelMiddleware(Middleware):
+_Fn = TypeVar("_Fn", bound=Callable[..., Awaitable[Any]])
+
+
+class _FunctionMiddleware(Middleware, Generic[_Fn]):
+    """Middleware made by a decorator from one function, named after it."""
+
     __slots__ = ("_fn",)
 
-    def __init__(self, fn: Callable[[ModelCall, ModelHandler], Awaitable[ModelResponse]]) -> None:
+    def __init__(self, fn: _Fn) -> None:
         self._fn = fn
 
     @property
     def name(self) -> str:
         return getattr(self._fn, "__name__", "middleware")
+
+
+class _FunctionModelMiddleware(
+    _FunctionMiddleware[Callable[[ModelCall, ModelHandler], Awaitable[ModelResponse]]]
+):
+    __slots__ = ()
 
     async def wrap_model_call(self, call: ModelCall, handler: ModelHandler) -> ModelResponse:
         return await self._fn(call, handler)
 
 
-class _FunctionToolMiddleware(Middleware):
-    __slots__ = ("_fn",)
-
-    def __init__(self, fn: Callable[[ToolCallRequest, ToolHandler], Awaitable[Any]]) -> None:
-        self._fn = fn
-
-    @property
-    def name(self) -> str:
-        return getattr(self._fn, "__name__", "middleware")
+class _FunctionToolMiddleware(
+    _FunctionMiddleware[Callable[[ToolCallRequest, ToolHandler], Awaitable[Any]]]
+):
+    __slots__ = ()
 
     async def wrap_tool_call(self, call: ToolCallRequest, handler: ToolHandler) -> Any:
         return await self._fn(call, handler)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from criogen_graph.errors import ValidationError
 
@@ -49,20 +49,7 @@ class Limits:
     @classmethod
     def coerce(cls, value: Limits | Mapping[str, Any] | None) -> Limits:
         """A `Limits` from a `Limits`, a dict of its fields, or `None` (the defaults)."""
-        if value is None:
-            return cls()
-        if isinstance(value, Limits):
-            return value
-        if isinstance(value, Mapping):
-            known = {f.name for f in fields(cls)}
-            unknown = sorted(str(k) for k in value if k not in known)
-            if unknown:
-                raise ValidationError(
-                    f"unknown limits key(s) {unknown}; the keys are {sorted(known)}",
-                    code="unknown",
-                )
-            return cls(**value)
-        raise TypeError(f"limits must be a Limits or a dict, got {type(value).__name__}")
+        return _coerce(cls, value, name="limits")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,17 +87,25 @@ class Retry:
     @classmethod
     def coerce(cls, value: Retry | Mapping[str, Any] | None, *, name: str) -> Retry:
         """A `Retry` from a `Retry`, a dict of its fields, or `None` (the defaults)."""
-        if value is None:
-            return cls()
-        if isinstance(value, Retry):
-            return value
-        if isinstance(value, Mapping):
-            known = {f.name for f in fields(cls)}
-            unknown = sorted(str(k) for k in value if k not in known)
-            if unknown:
-                raise ValidationError(
-                    f"unknown {name} key(s) {unknown}; the keys are {sorted(known)}",
-                    code="unknown",
-                )
-            return cls(**value)
-        raise TypeError(f"{name} must be a Retry or a dict, got {type(value).__name__}")
+        return _coerce(cls, value, name=name)
+
+
+_Record = TypeVar("_Record", Limits, Retry)
+
+
+def _coerce(cls: type[_Record], value: object, *, name: str) -> _Record:
+    """The option `name` as a `cls`: given as one, as a dict of its fields, or `None`."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(str(k) for k in value if k not in known)
+        if unknown:
+            raise ValidationError(
+                f"unknown {name} key(s) {unknown}; the keys are {sorted(known)}",
+                code="unknown",
+            )
+        return cls(**value)
+    raise TypeError(f"{name} must be a {cls.__name__} or a dict, got {type(value).__name__}")

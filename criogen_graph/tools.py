@@ -13,13 +13,13 @@ import typing
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypeVar, overload
+from typing import Any, TypedDict, TypeVar, Unpack, overload
 
 import pydantic
 
 from criogen_graph.errors import ToolError, ValidationError
 
-__all__ = ["Tool", "ToolContext", "ToolError", "ToolSource", "tool"]
+__all__ = ["Tool", "ToolContext", "ToolError", "ToolOptions", "ToolSource", "tool"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _EMPTY_STATE: Mapping[str, Any] = MappingProxyType({})
@@ -383,6 +383,15 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class ToolOptions(TypedDict, total=False):
+    """The options `tool(...)` takes in both of its forms (see `tool`)."""
+
+    read_only: bool
+    idempotent: bool
+    return_direct: bool
+    timeout_secs: float | None
+
+
 @overload
 def tool(fn: Callable[..., Any], /) -> FunctionTool: ...
 
@@ -392,10 +401,7 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    read_only: bool = False,
-    idempotent: bool = False,
-    return_direct: bool = False,
-    timeout_secs: float | None = None,
+    **options: Unpack[ToolOptions],
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
@@ -406,10 +412,7 @@ def tool(
     description: str,
     input: Mapping[str, Any] | None = None,
     run: Callable[..., Any | Awaitable[Any]],
-    read_only: bool = False,
-    idempotent: bool = False,
-    return_direct: bool = False,
-    timeout_secs: float | None = None,
+    **options: Unpack[ToolOptions],
 ) -> Tool: ...
 
 

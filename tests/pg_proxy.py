@@ -13,7 +13,7 @@ several connections is not hidden.
         proxy.reset()
         ...
         proxy.round_trips()          # bursts since reset()
-        proxy.mean_delay_ms()        # the delay actually applied (timer granularity)
+        proxy.mean_delay_ms()        # the delay actually applied (wake-ups come late)
 
 `PgProxy` is also used by bench/bench_pg_latency.py (the bench adds the repository root
 to `sys.path`).
@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import selectors
 import socket
 from collections import deque
 from typing import Any
@@ -31,8 +32,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 
 class _Shared:
-    """The values the test process and the proxy process share (lock-free: one writer
-    per value, read as a snapshot)."""
+    """The values the test process and the proxy process share, without locks: the
+    proxy writes the counters (the test process only zeroes them between measurements)
+    and the test process writes the delay."""
 
     def __init__(self, ctx: Any) -> None:
         self.delay_ms = ctx.Value("d", 0.0, lock=False)
@@ -136,7 +138,13 @@ def _main(listener: socket.socket, target: tuple[str, int], shared: _Shared, rea
         ready.set()
         await task
 
-    asyncio.run(serve())
+    # `select()` takes its timeout in microseconds; epoll and poll round it up to whole
+    # milliseconds, which would turn a 0.5 ms delay into 1 ms or more.
+    loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
+    try:
+        loop.run_until_complete(serve())
+    finally:
+        loop.close()
 
 
 class PgProxy:
@@ -205,7 +213,7 @@ class PgProxy:
         return int(self._shared.round_trips.value)
 
     def mean_delay_ms(self) -> float:
-        """The mean delay each packet actually got since `reset()` (the event loop's
-        timers are coarser than a millisecond), for turning a slope into round trips."""
+        """The mean delay each packet actually got since `reset()` (on a busy machine the
+        proxy wakes up late), for turning a slope into round trips."""
         packets = self._shared.packets.value
         return self._shared.delayed_ns.value / packets / 1e6 if packets else 0.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,6 +108,109 @@ async def test_the_tool_answers_a_model_with_ranked_cited_results(
     assert [h["id"] for h in hits] == ["best", "other"]
     assert hits[0]["score"] >= hits[1]["score"] > 0
     await docs.storage.close()
+
+
+async def test_documents_holding_more_of_the_words_come_first(backend: str, tmp_path: Path) -> None:
+    # Every document four words long, each word once: bm25 and ts_rank agree.
+    docs = collection(storage_url(backend, tmp_path))
+    for key, text in [
+        ("a1", "apple red round fruit"),
+        ("a2", "apple green sour fruit"),
+        ("b1", "apple and pear salad"),
+        ("b2", "pear beside apple tart"),
+        ("p1", "pear tree in garden"),
+    ]:
+        await docs.add(key, text)
+    assert [r["id"] for r in await docs.search("apple pear", limit=2)] == ["b1", "b2"]
+    three = [r["id"] for r in await docs.search("pears apples", limit=3)]
+    assert three[:2] == ["b1", "b2"] and three[2] in ("a1", "a2", "p1")
+    await docs.storage.close()
+
+
+async def test_postgres_ranking_is_that_of_every_match(tmp_path: Path) -> None:
+    # PostgreSQL first ranks only the documents holding two query words or more and keeps
+    # them when they fill the limit; else it ranks every match. A query whose two words
+    # are one word form ("apples apple") must not count as two: "pp" (one word, four
+    # times) outranks the one-word "a" documents, and has to be found.
+    docs = collection(storage_url("postgres", tmp_path))
+    for key, text in [
+        ("a1", "apple red round fruit"),
+        ("a2", "apple green sour fruit"),
+        ("a3", "apple tree in garden"),
+        ("b1", "apple and pear salad"),
+        ("b2", "pear beside apple tart"),
+        ("pp", "pear pear pear pear"),
+    ]:
+        await docs.add(key, text)
+    filler = " ".join(f"w{i}" for i in range(12))
+    for query in ("apples apple pear", "pear apple", f"apple pear {filler}", "apple pear x_y"):
+        assert [r["id"] for r in await docs.search(query, limit=3)] == ["b1", "b2", "pp"], query
+        assert [r["id"] for r in await docs.search(query, limit=2)] == ["b1", "b2"], query
+    assert [r["id"] for r in await docs.search("the pear", limit=2)] == ["pp", "b1"]
+    await docs.storage.close()
+
+
+async def test_postgres_index_made_before_gets_a_bounded_pending_list(pg_schema_url: str) -> None:
+    import psycopg
+
+    docs = CollectionTool(storage=Storage(pg_schema_url), collection="c")
+    await docs.add("a", "Refunds within 30 days.")
+    assert [r["id"] for r in await docs.search("refund")] == ["a"]  # made by the first search
+    await docs.storage.close()
+    schema = pg_schema_url.rsplit("%3D", 1)[1]
+    options = (
+        "SELECT reloptions FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relname = 'criogen_search_tsv' AND n.nspname = %s"
+    )
+    with psycopg.connect(pg_schema_url, autocommit=True) as conn:
+        assert conn.execute(options, (schema,)).fetchone() == (["gin_pending_list_limit=1024"],)
+        conn.execute("ALTER INDEX criogen_search_tsv RESET (gin_pending_list_limit)")
+    docs = CollectionTool(storage=Storage(pg_schema_url), collection="c")
+    assert [r["id"] for r in await docs.search("refund")] == ["a"]
+    await docs.storage.close()
+    with psycopg.connect(pg_schema_url, autocommit=True) as conn:
+        assert conn.execute(options, (schema,)).fetchone() == (["gin_pending_list_limit=1024"],)
+
+
+async def test_postgres_statistics_are_brought_up_to_date_after_a_bulk_load(
+    pg_schema_url: str,
+) -> None:
+    # Without statistics for what was loaded since, the planner walks a large namespace
+    # row by row; a process's first search analyzes the table when autovacuum has not.
+    import psycopg
+    from langgraph.store.base import PutOp
+
+    from tests.conftest import wait_until
+
+    docs = CollectionTool(storage=Storage(pg_schema_url), collection="c")
+    await docs.add("a", "Refunds within 30 days.")
+    assert [r["id"] for r in await docs.search("refund")] == ["a"]  # made and analyzed
+    store = await docs.storage.get_store()
+    await store.abatch(
+        [
+            PutOp(docs._ns, f"d{i}", {"text": f"Shipping note {i}", "metadata": {}})
+            for i in range(300)
+        ]
+    )
+    await docs.storage.close()  # its server processes end, reporting what they wrote
+    schema = pg_schema_url.rsplit("%3D", 1)[1]
+    stats = (
+        "SELECT n_mod_since_analyze, last_analyze FROM pg_stat_user_tables "
+        "WHERE schemaname = %s AND relname = 'criogen_search'"
+    )
+    with psycopg.connect(pg_schema_url, autocommit=True) as conn:
+
+        def modified() -> Any:
+            row = conn.execute(stats, (schema,)).fetchone()
+            return row if row is not None and row[0] >= 300 else None
+
+        _, analyzed = await wait_until(modified, what="the writes in the statistics")
+    docs = CollectionTool(storage=Storage(pg_schema_url), collection="c", limit=50)
+    assert len(await docs.search("shipping")) == 50
+    await docs.storage.close()
+    with psycopg.connect(pg_schema_url, autocommit=True) as conn:
+        row = conn.execute(stats, (schema,)).fetchone()
+    assert row is not None and row[0] < 300 and row[1] > analyzed
 
 
 async def test_encrypted_storage_searches_without_plaintext_index(tmp_path: Path) -> None:

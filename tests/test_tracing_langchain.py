@@ -124,6 +124,13 @@ def start(text: str) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": text}]}
 
 
+async def streamed(agent: Agent, text: str, handlers: list[Any]) -> list[Any]:
+    """The graph run by LangGraph in its `messages` stream mode (a chat model streams,
+    and reports its tokens, when it is streamed): the messages it streamed."""
+    config: Any = {"callbacks": handlers}
+    return [m async for m, _ in agent.graph.astream(start(text), config, stream_mode="messages")]
+
+
 async def test_a_handler_sees_chat_model_and_tool_runs_under_the_node_runs() -> None:
     agent = Agent(
         FakeModel(
@@ -251,9 +258,13 @@ async def test_through_the_api_no_run_a_handler_sees_carries_an_unredacted_text(
     kinds = {e["kind"] for e in handler.events}
     assert kinds >= {"chain", "chain_end", "chain_error", "chat", "token", "llm_end"}
     assert kinds >= {"llm_error", "tool", "tool_end", "tool_error"}
-    received = repr(handler.events)
+    # Not checked here: a failed node run's error, the exception the node raised, which
+    # LangGraph reports itself (the caller of `send` gets that same exception).
+    received = repr([e for e in handler.events if e["kind"] != "chain_error"])
     assert "write to" in received and "Again to" in received and "refused" in received
     assert SECRET not in received
+    (failed,) = handler.of("llm_error")
+    assert isinstance(failed["error"], ModelError) and failed["error"].kind == "bad_request"
 
 
 async def test_no_handler_no_runs_and_the_same_answer() -> None:
@@ -270,8 +281,7 @@ async def test_streamed_text_is_reported_as_new_tokens_of_the_chat_model_run() -
         FakeModel([FakeReply.text(answer, chunks=[answer[i : i + 7] for i in range(0, 70, 7)])])
     )
     handler = Recorder()
-    # Run by LangGraph itself, the model streams (to the graph's `custom` stream mode).
-    await agent.graph.ainvoke(start("where is A-1?"), {"callbacks": [handler]})
+    await streamed(agent, "where is A-1?", [handler])
     kinds = [e["kind"] for e in handler.events if e["kind"] in ("chat", "token", "llm_end")]
     assert kinds[0] == "chat" and kinds[-1] == "llm_end"
     assert set(kinds[1:-1]) == {"token"}
@@ -290,13 +300,27 @@ async def test_streamed_text_is_reported_as_new_tokens_of_the_chat_model_run() -
         assert t["chunk"].message.id == final.id is not None
 
 
+async def test_a_run_nobody_streams_reports_no_tokens_as_langchains_chat_models() -> None:
+    # `ainvoke`: the model node streams its text (to LangGraph's `custom` stream mode,
+    # which drops it), but no handler asks for a stream: no tokens, as a LangChain chat
+    # model run under `ainvoke` sends none.
+    answer = "Shipped on Monday."
+    model = FakeModel([FakeReply.text(answer, chunks=["Shipped ", "on ", "Monday."])])
+    handler = Recorder()
+    await Agent(model).graph.ainvoke(start("where?"), {"callbacks": [handler]})
+    assert len(handler.of("chat")) == len(handler.of("llm_end")) == 1
+    assert handler.of("token") == []
+    assert model.calls[0].on_text is not None  # it did stream
+
+
 async def test_streamed_tokens_are_redacted_and_secrets_never_split() -> None:
     answer = f"I will mail the label to {SECRET} today. " + "Thanks for waiting. " * 20
     pieces = [answer[i : i + 5] for i in range(0, len(answer), 5)]
     agent = Agent(FakeModel([FakeReply.text(answer, chunks=pieces)]), redact=Redactor.pii())
     handler = Recorder()
-    await agent.graph.ainvoke(start(f"mail {SECRET}"), {"callbacks": [handler]})
+    chunks = await streamed(agent, f"mail {SECRET}", [handler])
     tokens = [t["token"] for t in handler.of("token")]
+    assert [c.content for c in chunks] == tokens
     assert len(tokens) > 1
     sent = "".join(tokens)
     (end,) = handler.of("llm_end")
@@ -316,7 +340,7 @@ async def test_a_model_call_that_fails_after_streaming_reports_its_tokens_then_t
     handler = Recorder()
     agent = Agent(Broken([]))
     with pytest.raises(ModelError):
-        await agent.graph.ainvoke(start("go"), {"callbacks": [handler]})
+        await streamed(agent, "go", [handler])
     kinds = [e["kind"] for e in handler.events if e["kind"] in ("chat", "token", "llm_error")]
     assert kinds == ["chat", "token", "llm_error"]
     assert handler.of("token")[0]["token"] == "Let me check"
@@ -375,9 +399,7 @@ async def test_handlers_that_ignore_a_kind_of_run_or_implement_none_of_its_event
         tools=[lookup],
     )
     no_chat, no_tools, both, tokens = NoChat(), NoTools(), Recorder(), Tokens()
-    await agent.graph.ainvoke(
-        start("where is A-1?"), {"callbacks": [no_chat, Silent(), no_tools, both, tokens]}
-    )
+    await streamed(agent, "where is A-1?", [no_chat, Silent(), no_tools, both, tokens])
     assert no_chat.of("chat") == no_chat.of("llm_end") == no_chat.of("token") == []
     assert len(no_chat.of("tool")) == len(no_chat.of("tool_end")) == 1
     assert no_tools.of("tool") == no_tools.of("tool_end") == []
@@ -549,3 +571,28 @@ def test_langsmith_tracing_from_the_environment_shows_model_and_tool_runs(
     assert "shipped to" in json.dumps(tool_run["outputs"])
     everything = b"".join(langsmith.bodies)
     assert SECRET.encode() not in everything
+
+
+async def test_thread_id_and_actor_reach_handlers_only_redacted() -> None:
+    """A thread id or actor holding personal data (an e-mail address) is redacted in the
+    metadata every handler (LangSmith) sees, as it is on spans."""
+    secret = "jane.doe@example.com"
+    seen: list[str] = []
+
+    class Metadata(BaseCallbackHandler):
+        def on_chain_start(self, serialized: Any, inputs: Any, **kwargs: Any) -> None:
+            seen.append(json.dumps(kwargs.get("metadata") or {}, default=str))
+
+        def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
+            seen.append(json.dumps(kwargs.get("metadata") or {}, default=str))
+
+    handler = Metadata()
+    token = _CONTEXT_HANDLER.set(handler)  # type: ignore[arg-type]
+    try:
+        agent = Agent(FakeModel(["hello"]), redact=Redactor.pii())
+        await agent.thread(f"user-{secret}", actor=secret).send("hi")
+    finally:
+        _CONTEXT_HANDLER.reset(token)
+    assert seen
+    assert not any(secret in s for s in seen), seen
+    assert any("thread_id" in s for s in seen)

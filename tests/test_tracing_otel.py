@@ -275,3 +275,57 @@ def test_a_missing_opentelemetry_names_the_extra_when_telemetry_is_made(
     monkeypatch.delitem(sys.modules, "opentelemetry")
     with pytest.raises(ValidationError, match=r"(-e '\.|'criogen-graph)\[otel\]'"):
         Telemetry.otlp("http://127.0.0.1:4318")
+
+
+@pytest.mark.parametrize("content", [False, True])
+async def test_no_span_carries_an_unredacted_text_ids_and_names_included(content: bool) -> None:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+
+    @tool
+    def broken(note: str) -> str:
+        """Fails with the note in its message."""
+        raise RuntimeError(f"could not send to {note}")
+
+    agent = Agent(
+        FakeModel(
+            [
+                FakeReply.error("transient", f"overloaded for {SECRET}"),
+                FakeReply.tool_call("lookup", {"order_id": SECRET}, id="c1"),
+                FakeReply.tool_call("broken", {"note": SECRET}, id="c2"),
+                FakeReply.text(f"Written to {SECRET}."),
+                FakeReply.error("bad_request", f"refused: {SECRET}"),
+            ]
+        ),
+        tools=[lookup, broken],
+        telemetry=Telemetry(provider, content=content),
+        redact=Redactor.pii(),
+    )
+    # The thread id and the actor are the user's e-mail address here.
+    thread = agent.thread(f"support-{SECRET}", actor=SECRET)
+    assert (await thread.send(f"mail {SECRET} please")).text == "Written to [EMAIL]."
+    with pytest.raises(ModelError):
+        await thread.send(f"and again to {SECRET}")
+    spans = memory.get_finished_spans()
+    retried = [ev for s in spans for ev in s.events if ev.name == "criogen.model_retry"]
+    assert len(retried) == 1
+    runs = [s for s in spans if s.name == "invoke_agent agent"]
+    assert len(runs) == 2 and runs[1].status.status_code is StatusCode.ERROR
+    for run in runs:
+        assert run.attributes is not None
+        assert run.attributes["gen_ai.conversation.id"] == "[EMAIL]"
+        assert run.attributes["criogen.actor"] == "[EMAIL]"
+    seen: list[str] = []
+    for span in spans:
+        seen.append(span.name)
+        seen.extend(f"{k}={v}" for k, v in (span.attributes or {}).items())
+        seen.append(str(span.status.description))
+        for ev in span.events:
+            seen.append(ev.name)
+            seen.extend(f"{k}={v}" for k, v in (ev.attributes or {}).items())
+    texts = "\n".join(seen)
+    assert ("mail [EMAIL] please" in texts) is content
+    assert "refused" in texts
+    assert SECRET not in texts
+    assert "jane.doe" not in texts

@@ -23,7 +23,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from urllib.parse import urlsplit
 
 from criogen_graph._urls import mask_url
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from criogen_graph.messages import ErrorCode
 
-__all__ = ["McpServer", "McpServerError", "McpTool"]
+__all__ = ["McpServer", "McpServerError", "McpServerOptions", "McpTool"]
 
 # The public module's name (`criogen_graph.mcp`), which users configure logging by.
 _log = package_logger("criogen_graph.mcp")
@@ -101,6 +101,16 @@ class _Http:
     headers: dict[str, str] = field(repr=False)
 
 
+class McpServerOptions(TypedDict, total=False):
+    """The options both `McpServer` constructors take besides `name` (see `McpServer`)."""
+
+    include: Iterable[str] | None
+    exclude: Iterable[str]
+    prefix: str
+    timeout_secs: float | None
+    startup_timeout_secs: float
+
+
 class McpServer(ToolSource):
     """An MCP server whose tools the agent can use: `Agent(tools=[server])` gives the
     model all of them, with the server's names, descriptions and input schemas;
@@ -155,11 +165,11 @@ class McpServer(ToolSource):
         target: _Stdio | _Http,
         *,
         name: str,
-        include: Iterable[str] | None,
-        exclude: Iterable[str],
-        prefix: str,
-        timeout_secs: float | None,
-        startup_timeout_secs: float,
+        include: Iterable[str] | None = None,
+        exclude: Iterable[str] = (),
+        prefix: str = "",
+        timeout_secs: float | None = None,
+        startup_timeout_secs: float = 30,
     ) -> None:
         if not isinstance(target, _Stdio | _Http):
             raise TypeError("create an McpServer with McpServer.stdio(...) or McpServer.http(...)")
@@ -199,11 +209,7 @@ class McpServer(ToolSource):
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
         name: str | None = None,
-        include: Iterable[str] | None = None,
-        exclude: Iterable[str] = (),
-        prefix: str = "",
-        timeout_secs: float | None = None,
-        startup_timeout_secs: float = 30,
+        **options: Unpack[McpServerOptions],
     ) -> McpServer:
         """A server run as a local process (`command` with `args`, in `cwd`), spoken to
         over its stdin and stdout.
@@ -225,11 +231,7 @@ class McpServer(ToolSource):
         return cls(
             target,
             name=name if name is not None else _stdio_name(command, args),
-            include=include,
-            exclude=exclude,
-            prefix=prefix,
-            timeout_secs=timeout_secs,
-            startup_timeout_secs=startup_timeout_secs,
+            **options,
         )
 
     @classmethod
@@ -239,11 +241,7 @@ class McpServer(ToolSource):
         *,
         headers: Mapping[str, str] | None = None,
         name: str | None = None,
-        include: Iterable[str] | None = None,
-        exclude: Iterable[str] = (),
-        prefix: str = "",
-        timeout_secs: float | None = None,
-        startup_timeout_secs: float = 30,
+        **options: Unpack[McpServerOptions],
     ) -> McpServer:
         """A server reached over streamable HTTP at `url` (e.g. `https://host/mcp`);
         `headers` go with every request (e.g. `{"Authorization": "Bearer ..."}`)."""
@@ -260,11 +258,7 @@ class McpServer(ToolSource):
         return cls(
             _Http(url, dict(headers or {})),
             name=name if name is not None else _http_name(url),
-            include=include,
-            exclude=exclude,
-            prefix=prefix,
-            timeout_secs=timeout_secs,
-            startup_timeout_secs=startup_timeout_secs,
+            **options,
         )
 
     # -- the public API ----------------------------------------------------------------

@@ -46,14 +46,17 @@ def check_decisions(
     if redactor is _ASKER:
         redactor = effective(spec.redact)
     by_id = {r["call_id"]: r for r in requests}
+    answer = _per_call(answer, by_id)
+    return {
+        call_id: _checked(call_id, raw, by_id[call_id], spec, redactor)
+        for call_id, raw in answer.items()
+    }
+
+
+def _per_call(answer: Any, by_id: dict[str, dict[str, Any]]) -> Mapping[Any, Any]:
+    """`answer` as a mapping that decides every pending call and nothing else."""
     if isinstance(answer, str | Decision) or (isinstance(answer, Mapping) and "type" in answer):
-        single = Decision.coerce(answer)
-        if single.type in ("edit",) and len(by_id) > 1:
-            raise ValidationError(
-                "an 'edit' decision names one call: decide({call_id: Decision.edit(...)})",
-                code="invalid_value",
-            )
-        answer = dict.fromkeys(by_id, single)
+        answer = _for_all(Decision.coerce(answer), by_id)
     if not isinstance(answer, Mapping):
         raise ValidationError(
             f"decisions must map call ids to decisions, got {type(answer).__name__}",
@@ -72,46 +75,67 @@ def check_decisions(
             f"({', '.join(by_id[k]['tool'] for k in missing)}); decide every pending call",
             code="missing",
         )
-    out: dict[str, dict[str, Any]] = {}
-    for call_id, raw in answer.items():
-        req = by_id[call_id]
-        decision = Decision.coerce(raw)
-        allowed = req.get("allowed") or list(DECISION_TYPES)
-        if decision.type not in allowed:
-            raise ValidationError(
-                f"{decision.type!r} is not allowed for call {call_id} ({req['tool']}); "
-                f"allowed: {allowed}",
-                code="invalid_value",
+    return answer
+
+
+def _for_all(single: Decision, by_id: dict[str, dict[str, Any]]) -> dict[str, Decision]:
+    """One decision for every pending call (an edit names one call, so it needs one)."""
+    if single.type == "edit" and len(by_id) > 1:
+        raise ValidationError(
+            "an 'edit' decision names one call: decide({call_id: Decision.edit(...)})",
+            code="invalid_value",
+        )
+    return dict.fromkeys(by_id, single)
+
+
+def _checked(
+    call_id: str, raw: Any, req: dict[str, Any], spec: AgentSpec, redactor: Redactor | None
+) -> dict[str, Any]:
+    """One call's decision as a JSON dict, allowed for the call, redacted, and (an edit)
+    fitting the tool it names."""
+    decision = Decision.coerce(raw)
+    allowed = req.get("allowed") or list(DECISION_TYPES)
+    if decision.type not in allowed:
+        raise ValidationError(
+            f"{decision.type!r} is not allowed for call {call_id} ({req['tool']}); "
+            f"allowed: {allowed}",
+            code="invalid_value",
+        )
+    chosen = decision.to_dict()
+    if redactor is not None:
+        if chosen.get("message") is not None:
+            chosen["message"] = redactor.redact(chosen["message"])
+        if chosen.get("args") is not None:
+            chosen["args"] = redactor.redact_value(chosen["args"])
+    if decision.type == "edit":
+        _check_edit(call_id, decision, chosen.get("args") or {}, req, spec)
+    return chosen
+
+
+def _check_edit(
+    call_id: str, decision: Decision, args: Any, req: dict[str, Any], spec: AgentSpec
+) -> None:
+    """`ValidationError` unless the edit's (redacted) `args` fit the tool it names."""
+    name = decision.name or req["tool"]
+    tool = spec.tools.get(name)
+    if tool is None:
+        raise ValidationError(
+            f"edit of call {call_id} names tool {name!r}, which the agent does not have",
+            code="unknown",
+        )
+    try:
+        tool.validate(args)
+    except ToolArgumentsError as exc:
+        why = ""
+        if args != (decision.args or {}):
+            why = (
+                " (the agent's redaction policy replaced values in them, and a "
+                "replaced value is text, as it is in the model's own calls)"
             )
-        out[call_id] = chosen = decision.to_dict()
-        if redactor is not None:
-            if chosen.get("message") is not None:
-                chosen["message"] = redactor.redact(chosen["message"])
-            if chosen.get("args") is not None:
-                chosen["args"] = redactor.redact_value(chosen["args"])
-        if decision.type == "edit":
-            name = decision.name or req["tool"]
-            tool = spec.tools.get(name)
-            if tool is None:
-                raise ValidationError(
-                    f"edit of call {call_id} names tool {name!r}, which the agent does not have",
-                    code="unknown",
-                )
-            args = chosen.get("args") or {}
-            try:
-                tool.validate(args)
-            except ToolArgumentsError as exc:
-                why = ""
-                if args != (decision.args or {}):
-                    why = (
-                        " (the agent's redaction policy replaced values in them, and a "
-                        "replaced value is text, as it is in the model's own calls)"
-                    )
-                raise ValidationError(
-                    f"edited args for call {call_id} do not fit {name!r}: {exc}{why}",
-                    code="invalid_value",
-                ) from None
-    return out
+        raise ValidationError(
+            f"edited args for call {call_id} do not fit {name!r}: {exc}{why}",
+            code="invalid_value",
+        ) from None
 
 
 def decision_details(
@@ -146,42 +170,51 @@ class ApprovalNode:
 
     async def __call__(self, payload: dict[str, Any], config: RunnableConfig) -> Command[Any]:
         requests: list[dict[str, Any]] = payload["requests"]
-        # `agent` names who asks: an agent used as a tool asks on its caller's thread.
-        question: dict[str, Any] = {
-            "type": APPROVAL_INTERRUPT,
-            "agent": self.spec.name,
-            "requests": requests,
-        }
         seg = segment_of(config)
         states = None
         if seg is not None and not seg.started:
             states = await seg.start_from(config)  # an answer starts this segment
         try:
-            answer = interrupt(question)
-            redactor = run_redactor(self.spec)
-            while True:
-                try:
-                    decisions = check_decisions(answer, requests, self.spec, redactor)
-                    break
-                except (ValidationError, TypeError) as exc:
-                    # An answer that does not fit (say, typed in LangGraph Studio: a null,
-                    # a number) asks again, saying why, instead of failing the run; nothing
-                    # ran.
-                    answer = interrupt({**question, "error": str(exc)})
+            decisions = self._ask(requests)
         except GraphInterrupt:
             if seg is not None:
                 seg.outcome = "suspended"
             raise
         if seg is not None and seg.note_records:
             seg.decisions = decision_details(requests, decisions)
-        base: dict[str, Any] = {k: payload[k] for k in ("run_id", "state") if k in payload}
-        sends = []
-        for call in payload["calls"]:
-            task = {**base, "call": call}
-            decision = decisions.get(call["id"])
-            if decision is not None:
-                task["decision"] = decision
-            sends.append(Send("tools", task))
+        sends = _sends(payload, decisions)
         if states is not None:
             return Command(goto=sends, update={"run": {"hooks": states}})
         return Command(goto=sends)
+
+    def _ask(self, requests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """The reviewer's decisions for `requests` (`interrupt()` until they fit)."""
+        # `agent` names who asks: an agent used as a tool asks on its caller's thread.
+        question: dict[str, Any] = {
+            "type": APPROVAL_INTERRUPT,
+            "agent": self.spec.name,
+            "requests": requests,
+        }
+        answer = interrupt(question)
+        redactor = run_redactor(self.spec)
+        while True:
+            try:
+                return check_decisions(answer, requests, self.spec, redactor)
+            except (ValidationError, TypeError) as exc:
+                # An answer that does not fit (say, typed in LangGraph Studio: a null,
+                # a number) asks again, saying why, instead of failing the run; nothing
+                # ran.
+                answer = interrupt({**question, "error": str(exc)})
+
+
+def _sends(payload: dict[str, Any], decisions: dict[str, dict[str, Any]]) -> list[Send]:
+    """One `tools` task per call of the turn, in call order, with its decision."""
+    base: dict[str, Any] = {k: payload[k] for k in ("run_id", "state") if k in payload}
+    sends = []
+    for call in payload["calls"]:
+        task = {**base, "call": call}
+        decision = decisions.get(call["id"])
+        if decision is not None:
+            task["decision"] = decision
+        sends.append(Send("tools", task))
+    return sends

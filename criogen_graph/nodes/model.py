@@ -12,6 +12,7 @@ from typing import Any, cast
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command, Overwrite, Send
 
+from criogen_graph._callbacks import token_sink
 from criogen_graph._observe import run_redactor
 from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
 from criogen_graph.errors import ModelError, ValidationError
@@ -242,6 +243,8 @@ class ModelNode:
         msg_id = "msg_" + uuid.uuid4().hex
         redactor = run_redactor(spec)
         held = _sinks(request, writer, redactor, msg_id)
+        # Ahead of the step's sinks: a retried attempt does not repeat tokens either.
+        request.on_text = token_sink(request.on_text)
         step = Step(writer, request.on_text, request.on_reasoning)
         run = turn.run
         call = ModelCall(

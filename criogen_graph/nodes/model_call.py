@@ -143,7 +143,7 @@ class _Callbacks(Middleware):
             response = await handler(call)
             return response, STEP.get().answered or call.model
 
-        response, _ = await report_chat(self._spec, call.request, answered())
+        response, _ = await report_chat(self._spec, call.request, answered(), model=call.model)
         return response
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,14 +67,11 @@ class AgentSpec:
                 return
             tools = dict(self.tools)
             for source in self.sources:
-                for t in await source.load_tools():
-                    if t.name in tools:
-                        raise ValidationError(
-                            f"{source.name} has a tool named {t.name!r}, like another tool of "
-                            "the agent; rename one",
-                            code="invalid_value",
-                        )
-                    tools[t.name] = t
+                add_tools(
+                    tools,
+                    await source.load_tools(),
+                    clash=functools.partial(_source_clash, source.name),
+                )
             unknown = [name for name in self.approvals if name not in tools]
             if unknown:
                 raise ValidationError(
@@ -83,3 +82,16 @@ class AgentSpec:
             self.tools = tools
             self.tool_specs = [t.spec() for t in tools.values()]
             self.loaded = True
+
+
+def add_tools(tools: dict[str, Tool], more: Iterable[Tool], *, clash: Callable[[str], str]) -> None:
+    """Add `more` to `tools`, by name; a name already taken is a `ValidationError` whose
+    message is `clash(name)` (what clashed, and how to fix it)."""
+    for t in more:
+        if t.name in tools:
+            raise ValidationError(clash(t.name), code="invalid_value")
+        tools[t.name] = t
+
+
+def _source_clash(source: str, name: str) -> str:
+    return f"{source} has a tool named {name!r}, like another tool of the agent; rename one"

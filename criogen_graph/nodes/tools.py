@@ -1,6 +1,16 @@
 """The `tools` node: one task per tool call (a `Send`), so each finished call is saved as
 its own pending write and is never run again. Decisions, `before_tool` / `after_tool`
-hooks, argument validation, timeouts, tool retries and `on_tool_exception` live here."""
+hooks, the middleware's `wrap_tool_call`, argument validation, timeouts, tool retries and
+`on_tool_exception` live here.
+
+Middleware and the result: what the chain returns is the call's value, whether or not the
+tool ran (a middleware that answers without calling the handler, such as a cache, gives an
+`ok` result, which counts as a tool call for `Limits.tool_calls`). A middleware that puts
+in another `tool` (or the `name` of another of the agent's tools) runs that tool, and the
+message's `tool` field names it. The handler raises `ToolArgumentsError` for arguments
+that do not fit the schema (its message is what the model reads), `TimeoutError` for a
+tool that ran out of time, and whatever the tool raised.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +18,7 @@ import asyncio
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -22,9 +32,12 @@ from criogen_graph._observe import run_redactor, run_spans
 from criogen_graph.adapters.storage.base import hand_over
 from criogen_graph.errors import LimitExceededError, ToolError, ToolExecutionError
 from criogen_graph.hooks import ToolCall, ToolResult, call_hook, copy_value
+from criogen_graph.messages import Usage
+from criogen_graph.middleware import Middleware, ToolCallRequest, ToolHandler
 from criogen_graph.nodes.events import Writer, step_of, stream_writer
 from criogen_graph.nodes.segment import segment_of
 from criogen_graph.nodes.spec import AgentSpec
+from criogen_graph.nodes.state import add_usage
 from criogen_graph.tools import Tool, ToolArgumentsError, ToolContext
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -36,15 +49,18 @@ class ToolOutput:
 
     __slots__ = ("usage", "value")
 
-    def __init__(self, value: Any, usage: dict[str, int] | None = None) -> None:
+    def __init__(self, value: Any, usage: Usage | None = None) -> None:
         self.value = value
         self.usage = usage
 
 
-class _Timeout(Exception):
-    def __init__(self, seconds: float) -> None:
-        super().__init__(seconds)
+class _Timeout(TimeoutError):
+    """A tool that ran out of time (what a middleware sees: a `TimeoutError`)."""
+
+    def __init__(self, seconds: float, tool: str) -> None:
+        super().__init__(f"the tool {tool} timed out after {seconds:g} s")
         self.seconds = seconds
+        self.tool = tool
 
 
 def _json_default(value: Any) -> Any:
@@ -96,21 +112,7 @@ def _plain(value: Any, path: set[int]) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict | list | tuple):
-        if id(value) in path:
-            raise UnserializableResultError(
-                "the result cannot be written as JSON: it contains itself (a cycle)"
-            )
-        path.add(id(value))
-        try:
-            if isinstance(value, dict):
-                return {_key(k): _plain(v, path) for k, v in value.items()}
-            return [_plain(v, path) for v in value]
-        except RecursionError:
-            raise UnserializableResultError(
-                "the result cannot be written as JSON: it is nested too deep"
-            ) from None
-        finally:
-            path.discard(id(value))
+        return _plain_container(value, path)
     try:
         converted = _json_default(value)
     except Exception as exc:
@@ -119,6 +121,32 @@ def _plain(value: Any, path: set[int]) -> Any:
             f"raised {_exc_text(exc)}"
         ) from exc
     return _plain(converted, path)
+
+
+def _plain_container(value: dict[Any, Any] | list[Any] | tuple[Any, ...], path: set[int]) -> Any:
+    """A dict, list or tuple as plain JSON data (see `_plain`)."""
+    if id(value) in path:
+        raise UnserializableResultError(
+            "the result cannot be written as JSON: it contains itself (a cycle)"
+        )
+    path.add(id(value))
+    try:
+        if isinstance(value, dict):
+            return {_key(k): _plain(v, path) for k, v in value.items()}
+        return [_plain(v, path) for v in value]
+    except RecursionError:
+        raise UnserializableResultError(
+            "the result cannot be written as JSON: it is nested too deep"
+        ) from None
+    finally:
+        path.discard(id(value))
+
+
+def _invalid_text(name: str, exc: Exception) -> str:
+    """What the model reads for arguments that do not fit a tool's schema."""
+    return (
+        f"invalid arguments for {name}: {exc}. Call it again with arguments that match its schema."
+    )
 
 
 def _copy_call(tc: ToolCall) -> ToolCall:
@@ -163,9 +191,179 @@ def _exc_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+class _Call:
+    """One tool call on its way through the node: what its result message is made of,
+    and what happened to it so far."""
+
+    __slots__ = (
+        "args",
+        "call",
+        "call_id",
+        "called",
+        "changed_by",
+        "finished",
+        "name",
+        "note",
+        "redactor",
+        "started",
+        "swapped",
+        "usage",
+        "writer",
+    )
+
+    def __init__(self, call: dict[str, Any], redactor: Any, writer: Writer | None) -> None:
+        self.call = call
+        self.call_id: str = call["id"]
+        #: The tool the model called, and the one to run (a reviewer's edit changes it).
+        self.called: str = call["name"]
+        self.name = self.called
+        self.args: dict[str, Any] = call.get("args") or {}
+        self.note: str | None = None
+        self.changed_by: list[str] = []
+        self.redactor = redactor
+        self.writer = writer
+        #: `tool_call_started` was written.
+        self.started = False
+        #: A tool function returned (or answered with `ToolError`): the call must not run
+        #: again, whatever comes after.
+        self.finished = False
+        #: The tool a middleware ran instead of the call's own (the last one that ran).
+        self.swapped: Tool | None = None
+        #: The token usage of the sub-agents that ran as this call's tool.
+        self.usage: Usage | None = None
+
+    def message(
+        self, content: str, status: str, *, clean: bool = False, **extra: Any
+    ) -> dict[str, Any]:
+        """The call's result message (redacted unless `clean`)."""
+        redactor = self.redactor
+        if redactor is not None:
+            if not clean:
+                content = redactor.redact(content)
+            if "artifact" in extra:
+                extra["artifact"] = redactor.redact_value(extra["artifact"])
+        msg: dict[str, Any] = {
+            "role": "tool",
+            "tool_call_id": self.call_id,
+            "name": self.called,
+            "content": content,
+            "status": status,
+        }
+        if extra:
+            msg.update(extra)
+        if self.changed_by:
+            msg["changed_by"] = self.changed_by
+        return msg
+
+    def done(
+        self, content: str, status: str, *, clean: bool = False, **extra: Any
+    ) -> dict[str, Any]:
+        """The message of a call that went on to run: a reviewer's edit noted ahead of the
+        result, and the tool that ran when it is not the one called."""
+        if self.note is not None:
+            # The edit's args are redacted (`check_decisions`); the note and the
+            # result are redacted as one text, as a pattern may span both.
+            clean = False
+            content = self.note + content
+            extra["decision"] = "edit"
+            if self.name != self.called:
+                extra["tool"] = self.name
+        if self.swapped is not None and self.swapped.name != self.called:
+            extra["tool"] = self.swapped.name
+        return self.message(content, status, clean=clean, **extra)
+
+    def result(self, content: str, value: Any, tool: Tool | None) -> dict[str, Any]:
+        """The message of a call with a value, `content` its JSON; `tool` the call's tool
+        (None: a `before_tool` hook gave the value)."""
+        # A text result no hook replaced was redacted above; once is enough. (Other
+        # values are redacted as the JSON the model reads: objects may hide strings.)
+        clean = not self.changed_by and isinstance(value, str)
+        extra: dict[str, Any] = {"usage": self.usage} if self.usage else {}
+        if tool is None:
+            return self.done(content, "skipped", clean=clean, **extra)
+        if (self.swapped or tool).return_direct:
+            extra["return_direct"] = True
+        return self.done(content, "ok", clean=clean, **extra)
+
+    def add_usage(self, usage: Usage | None) -> None:
+        """Count the token usage of a sub-agent that ran as the tool."""
+        if usage:
+            self.usage = usage if self.usage is None else add_usage(self.usage, usage)
+
+    def decide(self, decision: dict[str, Any]) -> dict[str, Any] | None:
+        """Apply a reviewer's decision: the message of a call that does not run (reject,
+        respond), or None after taking in an edit."""
+        kind = decision["type"]
+        if kind == "reject":
+            reason = decision.get("message")
+            # Saying so plainly keeps models from re-issuing a rejected call.
+            return self.message(
+                f"A reviewer rejected this call to {self.called}"
+                + (f": {reason.rstrip(' .')}" if reason and reason != "rejected" else "")
+                + ". Do not retry it; continue without it.",
+                "rejected",
+                decision=kind,
+            )
+        if kind == "respond":
+            return self.message(decision["message"], "skipped", decision=kind)
+        if kind == "edit":
+            self.name = decision.get("name") or self.called
+            self.args = decision.get("args") or {}
+            self.note = (
+                f"[A reviewer edited this call before it ran: it ran as {self.name} with "
+                f"{to_content(self.args)}. Do not repeat the original call.]\n"
+            )
+        return None
+
+
+class _InvalidArguments(ToolArgumentsError):
+    """Arguments that do not fit the tool's schema; the text is what the model reads."""
+
+
+class _UnknownTool(ToolError):
+    """A middleware named a tool the agent does not have."""
+
+
+def _layer(middleware: Middleware, handler: ToolHandler) -> ToolHandler:
+    """`handler` wrapped in one middleware."""
+
+    async def call(request: ToolCallRequest) -> Any:
+        return await middleware.wrap_tool_call(request, handler)
+
+    return call
+
+
+async def _guarded(run: _Call, chain: Awaitable[Any]) -> Any:
+    """Await the middleware chain of a call in a task of its own.
+
+    A cancellation of the run reaches the chain only while no tool function of the call
+    has finished (it stops the tool at its `await`, as without middleware). Once one has,
+    the chain runs to its end and the cancellation waits (as it waits for `after_tool`
+    hooks): what the chain returns is saved, and the tool never runs again.
+    """
+    task = asyncio.ensure_future(chain)
+    forwarded = False
+    while True:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                break
+            if not run.finished and not forwarded:
+                forwarded = True
+                task.cancel()
+    if task.cancelled() and not forwarded and not cancel_pending():
+        raise RuntimeError("a middleware raised asyncio.CancelledError; nothing cancelled the run")
+    return task.result()
+
+
 class ToolsNode:
     def __init__(self, spec: AgentSpec) -> None:
         self.spec = spec
+        # Only the middleware that wrap tool calls: with none, no chain is built.
+        self.wrappers = tuple(
+            m for m in spec.middleware if type(m).wrap_tool_call is not Middleware.wrap_tool_call
+        )
 
     async def __call__(self, payload: dict[str, Any], config: RunnableConfig) -> None:
         if not self.spec.loaded:
@@ -240,190 +438,206 @@ class ToolsNode:
     async def run_call(
         self, payload: dict[str, Any], config: RunnableConfig, writer: Writer | None
     ) -> dict[str, Any]:
-        spec = self.spec
-        call: dict[str, Any] = payload["call"]
-        call_id: str = call["id"]
-        called: str = call["name"]
-        name = called
-        args: dict[str, Any] = call.get("args") or {}
-        note: str | None = None
-        changed_by: list[str] = []
-
-        redactor = run_redactor(spec)
-
-        def message(
-            content: str, status: str, *, clean: bool = False, **extra: Any
-        ) -> dict[str, Any]:
-            if redactor is not None:
-                if not clean:
-                    content = redactor.redact(content)
-                if "artifact" in extra:
-                    extra["artifact"] = redactor.redact_value(extra["artifact"])
-            msg: dict[str, Any] = {
-                "role": "tool",
-                "tool_call_id": call_id,
-                "name": called,
-                "content": content,
-                "status": status,
-            }
-            if extra:
-                msg.update(extra)
-            if changed_by:
-                msg["changed_by"] = changed_by
-            return msg
-
+        """Run one call: its decision, `before_tool` hooks, middleware and tool, then
+        `after_tool` hooks; its result message."""
+        run = _Call(payload["call"], run_redactor(self.spec), writer)
         decision = payload.get("decision")
         if decision is not None:
-            kind = decision["type"]
-            if kind == "reject":
-                reason = decision.get("message")
-                # Saying so plainly keeps models from re-issuing a rejected call.
-                return message(
-                    f"A reviewer rejected this call to {called}"
-                    + (f": {reason.rstrip(' .')}" if reason and reason != "rejected" else "")
-                    + ". Do not retry it; continue without it.",
-                    "rejected",
-                    decision=kind,
-                )
-            if kind == "respond":
-                return message(decision["message"], "skipped", decision=kind)
-            if kind == "edit":
-                name = decision.get("name") or called
-                args = decision.get("args") or {}
-                note = (
-                    f"[A reviewer edited this call before it ran: it ran as {name} with "
-                    f"{to_content(args)}. Do not repeat the original call.]\n"
-                )
-
-        def done(content: str, status: str, *, clean: bool = False, **extra: Any) -> dict[str, Any]:
-            if note is not None:
-                # The edit's args are redacted (`check_decisions`); the note and the
-                # result are redacted as one text, as a pattern may span both.
-                clean = False
-                content = note + content
-                extra["decision"] = "edit"
-                if name != called:
-                    extra["tool"] = name
-            return message(content, status, clean=clean, **extra)
-
+            answered = run.decide(decision)
+            if answered is not None:
+                return answered
         ctx = ToolContext(
             run_id=payload.get("run_id", ""),
-            call_id=call_id,
-            tool=name,
+            call_id=run.call_id,
+            tool=run.name,
             thread_id=(config.get("configurable") or {}).get("thread_id"),
             state=MappingProxyType(payload["state"]) if "state" in payload else _EMPTY,
         )
-        hooks = spec.hooks
         # A copy all the way down: the call's args are the transcript's, which hooks and
         # the tool must not change in place.
-        tc = ToolCall(call_id, name, copy_value(args))
-        value: Any = _NOTHING
-        status = "ok"
-        if hooks.before_tool:
-            try:
-                for hname, fn in hooks.before_tool:
-                    # Its own copy: a change it makes counts only if it returns it.
-                    res = await call_hook(fn, _copy_call(tc))
-                    if res is None:
-                        continue
-                    if isinstance(res, ToolResult):
-                        value = res.value
-                        status = "skipped"
-                        changed_by.append(hname)
-                        break
-                    if isinstance(res, ToolCall):
-                        tc = res
-                        changed_by.append(hname)
-                        continue
-                    raise TypeError(
-                        f"before_tool of hook {hname!r} must return a ToolCall, a ToolResult "
-                        f"or None, got {type(res).__name__}"
-                    )
-            except ToolError as exc:
-                return done(f"Error: {exc.message}", "error", error_kind="hook")
-            except GraphBubbleUp:
-                raise
-            except asyncio.CancelledError as exc:
-                if cancel_pending():
-                    raise
-                # Raised by the hook itself, the run not being cancelled: its failure.
-                return self._failed(exc, tc, done, error_kind="hook")
-            except Exception as exc:
-                return self._failed(exc, tc, done, error_kind="hook")
-            if tc.name != name:
+        tc = ToolCall(run.call_id, run.name, copy_value(run.args))
+        if self.spec.hooks.before_tool:
+            before = await self._before(run, tc)
+            if isinstance(before, dict):
+                return before
+            tc, answer = before
+            if answer is not None:
+                return await self._finish(run, tc, answer.value, None, config)
+            if tc.name != run.name:
                 ctx = dataclasses.replace(ctx, tool=tc.name)
+        tool = self._tool_for(run, tc)
+        if isinstance(tool, dict):
+            return tool
+        try:
+            if self.wrappers:
+                value = await self._through_middleware(run, tool, tc, ctx)
+            else:
+                value = await self._invoke(run, tool, tc.args, ctx)
+        except (asyncio.CancelledError, GraphBubbleUp):
+            raise
+        except Exception as exc:
+            return self._tool_failed(exc, run, tc, config)
+        return await self._finish(run, tc, value, tool, config)
 
-        tool: Tool | None = None
-        if value is _NOTHING:
-            if "args_error" in call and tc.args == args and tc.name == called:
-                return done(f"Error: {call['args_error']}", "error", error_kind="invalid_args")
-            tool = spec.tools.get(tc.name)
-            if tool is None:
-                return done(
-                    f"Error: there is no tool named {tc.name!r}. Available tools: "
-                    f"{', '.join(spec.tools) or '(none)'}.",
-                    "error",
-                    error_kind="unknown_tool",
+    async def _before(
+        self, run: _Call, tc: ToolCall
+    ) -> tuple[ToolCall, ToolResult | None] | dict[str, Any]:
+        """The call after the `before_tool` hooks, with the result a hook gave instead of
+        running the tool (if any); or the message of a hook's failure."""
+        answer: ToolResult | None = None
+        try:
+            for hname, fn in self.spec.hooks.before_tool:
+                # Its own copy: a change it makes counts only if it returns it.
+                res = await call_hook(fn, _copy_call(tc))
+                if res is None:
+                    continue
+                if isinstance(res, ToolResult):
+                    answer = res
+                    run.changed_by.append(hname)
+                    break
+                if isinstance(res, ToolCall):
+                    tc = res
+                    run.changed_by.append(hname)
+                    continue
+                raise TypeError(
+                    f"before_tool of hook {hname!r} must return a ToolCall, a ToolResult "
+                    f"or None, got {type(res).__name__}"
                 )
-            try:
-                validated = tool.validate(tc.args)
-            except ToolArgumentsError as exc:
-                return done(
-                    f"Error: invalid arguments for {tc.name}: {exc}. Call it again with "
-                    "arguments that match its schema.",
-                    "error",
-                    error_kind="invalid_args",
-                )
-            if writer is not None:
-                writer(
-                    {
-                        "type": "tool_call_started",
-                        "call_id": call_id,
-                        "tool": tc.name,
-                        "args": to_jsonable_python(validated, fallback=str),
-                    }
-                )
-            try:
-                value = await self._execute(tool, validated, ctx)
-            except ToolError as exc:
-                return done(f"Error: {exc.message}", "error")
-            except _Timeout as exc:
-                return done(
-                    f"Error: the tool {tc.name} timed out after {exc.seconds:g} s.", "timeout"
-                )
-            except (asyncio.CancelledError, GraphBubbleUp):
+        except ToolError as exc:
+            return run.done(f"Error: {exc.message}", "error", error_kind="hook")
+        except GraphBubbleUp:
+            raise
+        except asyncio.CancelledError as exc:
+            if cancel_pending():
                 raise
-            except LimitExceededError as exc:
-                if exc.limit == "agent_depth":
-                    raise
-                return self._failed(exc, tc, done)
-            except Exception as exc:
-                return self._failed(exc, tc, done)
+            # Raised by the hook itself, the run not being cancelled: its failure.
+            return self._failed(exc, tc, run.done, error_kind="hook")
+        except Exception as exc:
+            return self._failed(exc, tc, run.done, error_kind="hook")
+        return tc, answer
 
-        usage = None
+    def _tool_for(self, run: _Call, tc: ToolCall) -> Tool | dict[str, Any]:
+        """The tool `tc` names, or the message saying why it cannot run (arguments the
+        model wrote that are not JSON, no such tool)."""
+        call = run.call
+        if "args_error" in call and tc.args == run.args and tc.name == run.called:
+            return run.done(f"Error: {call['args_error']}", "error", error_kind="invalid_args")
+        tool = self.spec.tools.get(tc.name)
+        if tool is None:
+            return run.done(f"Error: {self._unknown(tc.name)}", "error", error_kind="unknown_tool")
+        return tool
+
+    def _unknown(self, name: str) -> str:
+        return (
+            f"there is no tool named {name!r}. Available tools: "
+            f"{', '.join(self.spec.tools) or '(none)'}."
+        )
+
+    async def _invoke(self, run: _Call, tool: Tool, args: Any, ctx: ToolContext) -> Any:
+        """The innermost layer of a call: check `args` against `tool`'s schema, run it
+        (timeout, retries) and return its value."""
+        try:
+            validated = tool.validate(args)
+        except ToolArgumentsError as exc:
+            raise _InvalidArguments(_invalid_text(tool.name, exc)) from None
+        if run.writer is not None and not run.started:
+            run.started = True
+            run.writer(
+                {
+                    "type": "tool_call_started",
+                    "call_id": run.call_id,
+                    "tool": tool.name,
+                    "args": to_jsonable_python(validated, fallback=str),
+                }
+            )
+        try:
+            value = await self._execute(tool, validated, ctx)
+        except ToolError:
+            run.finished = True  # the tool's answer
+            raise
+        run.finished = True
         if isinstance(value, ToolOutput):
-            usage = value.usage
+            run.add_usage(value.usage)
+            value = value.value
+        return value
+
+    async def _through_middleware(
+        self, run: _Call, tool: Tool, tc: ToolCall, ctx: ToolContext
+    ) -> Any:
+        """Run the call through the agent's middleware (the first outermost) around
+        `_invoke`; what the chain returns is the call's value."""
+        origin = ToolCallRequest(tc.name, tc.args, tool, ctx)
+
+        async def innermost(request: ToolCallRequest) -> Any:
+            ran = self._chosen(request, origin)
+            run.swapped = ran if ran is not origin.tool else None
+            context = request.context
+            if context.tool != ran.name:
+                context = dataclasses.replace(context, tool=ran.name)
+            return await self._invoke(run, ran, request.args, context)
+
+        handler: ToolHandler = innermost
+        for middleware in reversed(self.wrappers):
+            handler = _layer(middleware, handler)
+        return await _guarded(run, handler(origin))
+
+    def _chosen(self, request: ToolCallRequest, origin: ToolCallRequest) -> Tool:
+        """The tool a request runs: a `tool` a middleware put in, else the agent's tool of
+        the `name` it put in (`_UnknownTool` if there is none), else the call's own."""
+        if request.tool is not origin.tool or request.name == origin.name:
+            return request.tool
+        tool = self.spec.tools.get(request.name)
+        if tool is None:
+            raise _UnknownTool(self._unknown(request.name))
+        return tool
+
+    def _tool_failed(
+        self, exc: Exception, run: _Call, tc: ToolCall, config: RunnableConfig
+    ) -> dict[str, Any]:
+        """The message of a call whose tool (or argument check, or middleware) raised."""
+        if isinstance(exc, ToolArgumentsError):
+            text = str(exc) if isinstance(exc, _InvalidArguments) else _invalid_text(tc.name, exc)
+            return run.done(f"Error: {text}", "error", error_kind="invalid_args")
+        if isinstance(exc, _UnknownTool):
+            return run.done(f"Error: {exc.message}", "error", error_kind="unknown_tool")
+        if isinstance(exc, ToolError):
+            return run.done(f"Error: {exc.message}", "error")
+        if isinstance(exc, _Timeout):
+            return run.done(
+                f"Error: the tool {exc.tool} timed out after {exc.seconds:g} s.", "timeout"
+            )
+        if isinstance(exc, LimitExceededError) and exc.limit == "agent_depth":
+            raise exc
+        # A middleware that raised after a tool function returned: the call is finished.
+        return self._failed(exc, tc, run.done, ran=config if run.finished else None)
+
+    async def _finish(
+        self,
+        run: _Call,
+        tc: ToolCall,
+        value: Any,
+        tool: Tool | None,
+        config: RunnableConfig,
+    ) -> dict[str, Any]:
+        """The message of a call that has its value: redacted, through the `after_tool`
+        hooks, as JSON. `tool` is None for a value a `before_tool` hook gave."""
+        if isinstance(value, ToolOutput):  # as a sub-agent returns it
+            run.add_usage(value.usage)
             value = value.value
         # From here on, a failure (the redactor, an after_tool hook, a result that cannot
         # be written as JSON) comes after the tool ran: the call is finished whatever
         # the policy says (`_failed` with `ran`), and is never run again. A value a
         # before_tool hook gave (`ToolResult`) ran no tool: its failure is the hook's.
-        ran: RunnableConfig | None = config if tool is not None else None
+        ran = config if run.finished else None
         kind = {} if tool is not None else {"error_kind": "hook"}
         try:
-            if redactor is not None:
-                value = _redacted(redactor, value)  # ahead of the after_tool hooks
-            if hooks.after_tool:
+            if run.redactor is not None:
+                value = _redacted(run.redactor, value)  # ahead of the after_tool hooks
+            if self.spec.hooks.after_tool:
                 try:
-                    for hname, fn in hooks.after_tool:
-                        # The tool ran: its result is finished even if the run is being
-                        # cancelled (the cancellation waits for it, see `_hand_over`).
-                        res = await to_the_end(call_hook(fn, _copy_call(tc), value))
-                        if res is not None:
-                            value = res
-                            changed_by.append(hname)
+                    value = await self._after(run, tc, value)
                 except ToolError as exc:
-                    return done(f"Error: {exc.message}", "error")
+                    return run.done(f"Error: {exc.message}", "error")
             content = to_content(value)
         except GraphBubbleUp:
             raise
@@ -432,18 +646,21 @@ class ToolsNode:
                 raise
             # Raised by a hook itself (`to_the_end` keeps a cancellation of the run from
             # reaching it): that hook's failure.
-            return self._failed(exc, tc, done, ran=ran, **kind)
+            return self._failed(exc, tc, run.done, ran=ran, **kind)
         except Exception as exc:
-            return self._failed(exc, tc, done, ran=ran, **kind)
-        extra: dict[str, Any] = {}
-        if usage:
-            extra["usage"] = usage
-        if tool is not None and tool.return_direct and status == "ok":
-            extra["return_direct"] = True
-        # A text result no hook replaced was redacted above; once is enough. (Other
-        # values are redacted as the JSON the model reads: objects may hide strings.)
-        clean = not changed_by and isinstance(value, str)
-        return done(content, status, clean=clean, **extra)
+            return self._failed(exc, tc, run.done, ran=ran, **kind)
+        return run.result(content, value, tool)
+
+    async def _after(self, run: _Call, tc: ToolCall, value: Any) -> Any:
+        """`value` through the `after_tool` hooks."""
+        for hname, fn in self.spec.hooks.after_tool:
+            # The tool ran: its result is finished even if the run is being cancelled
+            # (the cancellation waits for it, see `_hand_over`).
+            res = await to_the_end(call_hook(fn, _copy_call(tc), value))
+            if res is not None:
+                value = res
+                run.changed_by.append(hname)
+        return value
 
     async def _execute(self, tool: Tool, args: Any, ctx: ToolContext) -> Any:
         spec = self.spec
@@ -530,7 +747,7 @@ async def _attempt(tool: Tool, args: Any, ctx: ToolContext, limit_secs: float | 
             return await tool.run(args, ctx)
     except TimeoutError:
         if deadline.expired():
-            raise _Timeout(limit_secs or 0) from None
+            raise _Timeout(limit_secs or 0, tool.name) from None
         raise  # the tool's own
     except asyncio.CancelledError:
         if cancel_pending():
@@ -561,7 +778,7 @@ async def _attempt_blocking(
     if not done:
         call.cancel()
         call.add_done_callback(_retrieve)
-        raise _Timeout(limit_secs or 0)
+        raise _Timeout(limit_secs or 0, tool.name)
     return _outcome(call)
 
 
@@ -597,23 +814,32 @@ def _hand_over(config: RunnableConfig, msg: dict[str, Any]) -> None:
         raise RuntimeError("the tools node runs outside a LangGraph task")
     writes: list[tuple[str, Any]] = [("messages", (msg,)), (_TO_MODEL, None)]
     send(writes)
-    task_ns = str(configurable.get("checkpoint_ns") or "")
-    task_id = configurable.get(_TASK_ID)
-    if task_id and "|" not in task_ns:  # a task of the thread's own graph, not a subgraph's
-        checkpoint_id = (configurable.get(_CHECKPOINTS) or _EMPTY).get("")
-        if checkpoint_id:
-            thread_id = str(configurable.get("thread_id"))
-            put = {
-                "configurable": {
-                    "thread_id": thread_id,
-                    "checkpoint_ns": "",
-                    "checkpoint_id": checkpoint_id,
-                }
-            }
-            path = (config.get("metadata") or _EMPTY).get("langgraph_path")
-            hand_over(thread_id, str(task_id), put, writes, _task_path(path) if path else "")
+    _note_writes(config, configurable, writes)
     if cancel_pending():
         raise asyncio.CancelledError()
+
+
+def _note_writes(
+    config: RunnableConfig, configurable: Mapping[str, Any], writes: list[tuple[str, Any]]
+) -> None:
+    """Note a task's writes in the running segment, for our storage to save them if
+    LangGraph does not (a task of the thread's own graph only, not a subgraph's)."""
+    task_id = configurable.get(_TASK_ID)
+    if not task_id or "|" in str(configurable.get("checkpoint_ns") or ""):
+        return
+    checkpoint_id = (configurable.get(_CHECKPOINTS) or _EMPTY).get("")
+    if not checkpoint_id:
+        return
+    thread_id = str(configurable.get("thread_id"))
+    put = {
+        "configurable": {
+            "thread_id": thread_id,
+            "checkpoint_ns": "",
+            "checkpoint_id": checkpoint_id,
+        }
+    }
+    path = (config.get("metadata") or _EMPTY).get("langgraph_path")
+    hand_over(thread_id, str(task_id), put, writes, _task_path(path) if path else "")
 
 
 def _task_path(path: Any) -> str:

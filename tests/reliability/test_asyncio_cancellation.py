@@ -12,6 +12,7 @@ SQLite and PostgreSQL, for `send`, a consumed `stream`, `approve` and `Agent.run
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -177,7 +178,7 @@ async def test_asyncio_constructs_cancel_cleanly_and_the_thread_continues(
     approve = ["pay"] if action == "approve" else []
     agent = Agent(world.model(), tools=world.tools, approve=approve, storage=storage)
     await storage.open()
-    thread = agent.thread(f"aio-{construct}-{action}")
+    thread = agent.thread(f"aio-{construct}-{action}-{uuid.uuid4().hex}")
     if action == "approve":
         asked = await thread.send("pay and look up")
         assert asked.needs_approval and not world.paid

@@ -4,16 +4,17 @@ that speaks the same wire format through `base_url`."""
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 from criogen_graph.adapters.models.base import ModelRequest, ModelResponse
 from criogen_graph.adapters.models.http import (
     OUTPUT_INSTRUCTION,
     HttpModel,
-    api_key_from,
+    HttpOptions,
+    Turns,
+    base_url_and_key,
     parse_args,
     tokens,
 )
@@ -59,16 +60,8 @@ def to_anthropic_messages(messages: list[Message]) -> tuple[str, list[dict[str, 
     API requires when thinking is combined with tools.
     """
     system: list[str] = []
-    out: list[dict[str, Any]] = []
-
-    def add(role: str, blocks: list[dict[str, Any]]) -> None:
-        if not blocks:
-            return
-        if out and out[-1]["role"] == role:
-            out[-1]["content"].extend(blocks)
-        else:
-            out.append({"role": role, "content": blocks})
-
+    turns = Turns("content")
+    add = turns.add
     for m in messages:
         text = _as_text(m.get("content"))
         if m["role"] == "system":
@@ -95,10 +88,7 @@ def to_anthropic_messages(messages: list[Message]) -> tuple[str, list[dict[str, 
             if m.get("status", "ok") in _FAILED:
                 block["is_error"] = True
             add("user", [block])
-    if not out or out[0]["role"] != "user":
-        # The API wants a user turn first (a hook may have left none).
-        out.insert(0, {"role": "user", "content": [{"type": "text", "text": EMPTY_TEXT}]})
-    return "\n\n".join(system), out
+    return "\n\n".join(system), turns.user_first({"type": "text", "text": EMPTY_TEXT})
 
 
 def _reasoning_blocks(raw: Any) -> list[dict[str, Any]]:
@@ -207,10 +197,8 @@ class AnthropicModel(HttpModel):
         base_url: str = ANTHROPIC_URL,
         max_tokens: int = 4096,
         headers: Mapping[str, str] | None = None,
-        timeout_secs: float = 60,
-        connect_timeout_secs: float = 10,
-        extra_body: Mapping[str, Any] | None = None,
         thinking: Mapping[str, Any] | None = None,
+        **options: Unpack[HttpOptions],
     ) -> None:
         if thinking is not None:
             _check_thinking(thinking, max_tokens)
@@ -222,13 +210,12 @@ class AnthropicModel(HttpModel):
         super().__init__(
             model,
             base_url=base_url,
-            headers={**auth, "anthropic-version": API_VERSION, **dict(headers or {})},
-            timeout_secs=timeout_secs,
-            connect_timeout_secs=connect_timeout_secs,
+            auth={**auth, "anthropic-version": API_VERSION},
+            headers=headers,
+            **options,
         )
         self.max_tokens = max_tokens
         self.thinking = dict(thinking) if thinking is not None else None
-        self._extra = dict(extra_body or {})
 
     def body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
         """The JSON body of a request."""
@@ -404,33 +391,35 @@ def anthropic(
     api_key: str | None = None,
     base_url: str | None = None,
     max_tokens: int = 4096,
-    timeout_secs: float = 60,
-    connect_timeout_secs: float = 10,
     headers: Mapping[str, str] | None = None,
-    extra_body: Mapping[str, Any] | None = None,
     thinking: Mapping[str, Any] | None = None,
+    **options: Unpack[HttpOptions],
 ) -> AnthropicModel:
     """An Anthropic model (the key defaults to `ANTHROPIC_API_KEY`, the URL to
     `ANTHROPIC_BASE_URL` or Anthropic's; give the URL without `/v1`).
 
     With another `base_url` (a proxy or a compatible server) a key is optional.
     `max_tokens` bounds each reply; `headers` are added to every request (e.g.
-    `{"anthropic-beta": ...}`); `extra_body` adds fields to every request (e.g.
-    `{"stop_sequences": ["END"]}`). `thinking` turns on extended thinking in the API's
+    `{"anthropic-beta": ...}`); `timeout_secs`, `connect_timeout_secs` and `extra_body`
+    (fields added to every request, e.g. `{"stop_sequences": ["END"]}`) as in
+    `HttpOptions`. `thinking` turns on extended thinking in the API's
     own form, e.g. `{"type": "enabled", "budget_tokens": 2048}` (less than `max_tokens`)
     or `{"type": "adaptive"}`; it combines with tools.
     """
-    base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
-    custom = base_url is not None and base_url.rstrip("/") != ANTHROPIC_URL
-    key = api_key_from(api_key, "ANTHROPIC_API_KEY", required=not custom, what=f"anthropic:{model}")
+    url, key = base_url_and_key(
+        base_url,
+        api_key,
+        default_url=ANTHROPIC_URL,
+        url_env="ANTHROPIC_BASE_URL",
+        key_env="ANTHROPIC_API_KEY",
+        what=f"anthropic:{model}",
+    )
     return AnthropicModel(
         model,
         api_key=key,
-        base_url=base_url or ANTHROPIC_URL,
+        base_url=url,
         max_tokens=max_tokens,
         headers=headers,
-        timeout_secs=timeout_secs,
-        connect_timeout_secs=connect_timeout_secs,
-        extra_body=extra_body,
         thinking=thinking,
+        **options,
     )

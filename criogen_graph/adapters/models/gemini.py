@@ -30,19 +30,20 @@ How the transcript maps to the wire:
 from __future__ import annotations
 
 import json
-import os
 import re
 import urllib.parse
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from criogen_graph._retry_after import parse_retry_after, retry_after_from_headers
 from criogen_graph.adapters.models.base import ModelRequest, ModelResponse, TextSink
 from criogen_graph.adapters.models.http import (
     OUTPUT_INSTRUCTION,
     HttpModel,
-    api_key_from,
+    HttpOptions,
+    Turns,
+    base_url_and_key,
     classify_status,
     error_message,
     parse_args,
@@ -268,17 +269,9 @@ def _text(content: Any) -> str:
 def to_gemini_contents(messages: list[Message]) -> tuple[list[str], list[dict[str, Any]]]:
     """The system texts and the `contents` of a transcript."""
     system: list[str] = []
-    contents: list[dict[str, Any]] = []
+    turns = Turns("parts")
+    add = turns.add
     calls: dict[str, ToolCallData] = {}
-
-    def add(role: str, parts: list[dict[str, Any]]) -> None:
-        if not parts:
-            return
-        if contents and contents[-1]["role"] == role:
-            contents[-1]["parts"].extend(parts)
-        else:
-            contents.append({"role": role, "parts": parts})
-
     for m in messages:
         text = _text(m.get("content"))
         if m["role"] == "system":
@@ -318,11 +311,8 @@ def to_gemini_contents(messages: list[Message]) -> tuple[list[str], list[dict[st
             if source.get("gemini_id"):
                 response["id"] = source["gemini_id"]
             add("user", [{"functionResponse": response}])
-    if not contents or contents[0]["role"] != "user":
-        # The API wants a user turn first and rejects empty contents (a hook may have
-        # left no user message).
-        contents.insert(0, {"role": "user", "parts": [{"text": EMPTY_TEXT}]})
-    return system, contents
+    # Gemini also rejects empty contents.
+    return system, turns.user_first({"text": EMPTY_TEXT})
 
 
 # -- reply -------------------------------------------------------------------------------
@@ -472,23 +462,14 @@ class GeminiModel(HttpModel):
         api_key: str | None,
         base_url: str = GEMINI_URL,
         headers: Mapping[str, str] | None = None,
-        timeout_secs: float = 60,
-        connect_timeout_secs: float = 10,
-        extra_body: Mapping[str, Any] | None = None,
+        **options: Unpack[HttpOptions],
     ) -> None:
         auth = {"x-goog-api-key": api_key} if api_key else {}
-        super().__init__(
-            model,
-            base_url=base_url,
-            headers={**auth, **dict(headers or {})},
-            timeout_secs=timeout_secs,
-            connect_timeout_secs=connect_timeout_secs,
-        )
+        super().__init__(model, base_url=base_url, auth=auth, headers=headers, **options)
         # A base URL that already names an API version (a proxy's ".../v1beta") keeps it.
         version = "" if _VERSIONED.search(self.base_url) else "/v1beta"
         resource = model if "/" in model else f"models/{model}"
         self._path = f"{version}/{urllib.parse.quote(resource, safe='/')}"
-        self._extra = dict(extra_body or {})
 
     def body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body of a request (the same for streamed and plain calls)."""
@@ -573,27 +554,23 @@ def gemini(
     *,
     api_key: str | None = None,
     base_url: str | None = None,
-    timeout_secs: float = 60,
-    connect_timeout_secs: float = 10,
     headers: Mapping[str, str] | None = None,
-    extra_body: Mapping[str, Any] | None = None,
+    **options: Unpack[HttpOptions],
 ) -> GeminiModel:
     """A Gemini model (e.g. `gemini("gemini-2.5-flash")`); the key defaults to
     `GEMINI_API_KEY`, the URL to `GEMINI_BASE_URL` or Google's.
 
-    With a custom `base_url` (a proxy or gateway) a key is optional. `extra_body` adds
-    fields to every request, e.g. `{"generationConfig": {"temperature": 0}}` or
+    With a custom `base_url` (a proxy or gateway) a key is optional. `timeout_secs`,
+    `connect_timeout_secs` and `extra_body` as in `HttpOptions`; `extra_body` adds fields
+    to every request, e.g. `{"generationConfig": {"temperature": 0}}` or
     `{"safetySettings": [...]}`.
     """
-    base_url = base_url or os.environ.get("GEMINI_BASE_URL") or None
-    custom = base_url is not None and base_url.rstrip("/") != GEMINI_URL
-    key = api_key_from(api_key, "GEMINI_API_KEY", required=not custom, what=f"gemini:{model}")
-    return GeminiModel(
-        model,
-        api_key=key,
-        base_url=base_url or GEMINI_URL,
-        headers=headers,
-        timeout_secs=timeout_secs,
-        connect_timeout_secs=connect_timeout_secs,
-        extra_body=extra_body,
+    url, key = base_url_and_key(
+        base_url,
+        api_key,
+        default_url=GEMINI_URL,
+        url_env="GEMINI_BASE_URL",
+        key_env="GEMINI_API_KEY",
+        what=f"gemini:{model}",
     )
+    return GeminiModel(model, api_key=key, base_url=url, headers=headers, **options)

@@ -8,7 +8,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 
@@ -82,6 +82,24 @@ def api_key_from(api_key: str | None, env: str, *, required: bool, what: str) ->
     return key
 
 
+def base_url_and_key(
+    base_url: str | None,
+    api_key: str | None,
+    *,
+    default_url: str,
+    url_env: str,
+    key_env: str,
+    what: str,
+) -> tuple[str, str | None]:
+    """A provider's base URL (`base_url`, else `$url_env`, else `default_url`) and API key
+    (`api_key`, else `$key_env`). The key is required only at the provider's own URL: a
+    proxy or a compatible server may need none."""
+    base_url = base_url or os.environ.get(url_env) or None
+    custom = base_url is not None and base_url.rstrip("/") != default_url
+    key = api_key_from(api_key, key_env, required=not custom, what=what)
+    return base_url or default_url, key
+
+
 def classify_status(status: int, text: str) -> ModelErrorKind:
     """The `ModelError.kind` of an HTTP error status (and its body)."""
     lowered = text.lower()
@@ -147,12 +165,48 @@ def stream_error_status(error: Mapping[str, Any]) -> int:
     return 500
 
 
+class Turns:
+    """The turns of a conversation for an API that wants roles to alternate and a user
+    turn first: items added for the role of the last turn join that turn. `key` names a
+    turn's list of items (`"content"`, `"parts"`)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.turns: list[dict[str, Any]] = []
+
+    def add(self, role: str, items: list[dict[str, Any]]) -> None:
+        """Items of `role` (none: nothing, the APIs reject empty turns)."""
+        if not items:
+            return
+        if self.turns and self.turns[-1]["role"] == role:
+            self.turns[-1][self.key].extend(items)
+        else:
+            self.turns.append({"role": role, self.key: items})
+
+    def user_first(self, filler: dict[str, Any]) -> list[dict[str, Any]]:
+        """The turns, after a user turn of `filler` when they do not start with one (a
+        hook may have left no user message)."""
+        if not self.turns or self.turns[0]["role"] != "user":
+            self.turns.insert(0, {"role": "user", self.key: [filler]})
+        return self.turns
+
+
+class HttpOptions(TypedDict, total=False):
+    """The options every HTTP provider model takes (its class and its factory function):
+    `timeout_secs` (default 60) bounds each read, a response or a stream that goes quiet
+    that long failing with kind `timeout`; `connect_timeout_secs` (default 10) the
+    connection; `extra_body` adds its fields to every request."""
+
+    timeout_secs: float
+    connect_timeout_secs: float
+    extra_body: Mapping[str, Any] | None
+
+
 class HttpModel(Model):
     """A model behind an HTTP API (async `httpx`, one pooled client per event loop).
 
-    `timeout_secs` bounds each read (a response or a stream that goes quiet that long
-    fails with kind `timeout`); `connect_timeout_secs` the connection; `headers` are
-    added to every request.
+    `auth` (the provider's key headers) and then `headers` go with every request; for
+    `timeout_secs`, `connect_timeout_secs` and `extra_body` see `HttpOptions`.
     """
 
     def __init__(
@@ -160,16 +214,19 @@ class HttpModel(Model):
         name: str,
         *,
         base_url: str,
+        auth: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
         timeout_secs: float = 60,
         connect_timeout_secs: float = 10,
+        extra_body: Mapping[str, Any] | None = None,
         max_connections: int = 100,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError("the model name must be a non-empty str")
         self.name = name
         self.base_url = base_url.rstrip("/")
-        self.headers = dict(headers or {})
+        self.headers = {**dict(auth or {}), **dict(headers or {})}
+        self._extra = dict(extra_body or {})
         self.timeout = httpx.Timeout(timeout_secs, connect=connect_timeout_secs)
         self._limits = httpx.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections

@@ -7,10 +7,17 @@ import json
 import os
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Required, Unpack
 
 from criogen_graph.adapters.models.base import ModelRequest, ModelResponse, wire_call_id
-from criogen_graph.adapters.models.http import HttpModel, api_key_from, parse_args, tokens
+from criogen_graph.adapters.models.http import (
+    HttpModel,
+    HttpOptions,
+    api_key_from,
+    base_url_and_key,
+    parse_args,
+    tokens,
+)
 from criogen_graph.errors import ValidationError
 from criogen_graph.messages import (
     AssistantMessage,
@@ -113,13 +120,20 @@ def _calls(raw_calls: list[dict[str, Any]]) -> list[ToolCallData]:
     return calls
 
 
-class OpenAIModel(HttpModel):
-    """A Chat Completions model. Build it with `openai(...)`, `openrouter(...)` or
-    `azure(...)`, or `Agent("openai:<model>")`.
+class OpenAIConnection(HttpOptions, total=False):
+    """How an OpenAI-style model reaches its server (see `OpenAIHttpModel`)."""
 
-    Tools go out as functions (parallel calls allowed); typed output uses
-    `response_format` with a JSON Schema; streaming reads the SSE stream with usage.
-    """
+    api_key: Required[str | None]
+    base_url: str
+    provider: str
+    headers: Mapping[str, str] | None
+    key_header: str
+
+
+class OpenAIHttpModel(HttpModel):
+    """What the models of both OpenAI APIs share: OpenAI's URL unless `base_url` names
+    another (compatible) server, whose name `provider` is; the key as a bearer token, or
+    as the value of `key_header` (Azure's `api-key`)."""
 
     provider = "openai"
 
@@ -131,13 +145,8 @@ class OpenAIModel(HttpModel):
         base_url: str = OPENAI_URL,
         provider: str = "openai",
         headers: Mapping[str, str] | None = None,
-        timeout_secs: float = 60,
-        connect_timeout_secs: float = 10,
-        path: str = "/chat/completions",
-        params: Mapping[str, str] | None = None,
         key_header: str = "authorization",
-        send_model: bool = True,
-        extra_body: Mapping[str, Any] | None = None,
+        **options: Unpack[HttpOptions],
     ) -> None:
         auth: dict[str, str] = {}
         if api_key:
@@ -146,18 +155,31 @@ class OpenAIModel(HttpModel):
                 if key_header == "authorization"
                 else {key_header: api_key}
             )
-        super().__init__(
-            model,
-            base_url=base_url,
-            headers={**auth, **dict(headers or {})},
-            timeout_secs=timeout_secs,
-            connect_timeout_secs=connect_timeout_secs,
-        )
+        super().__init__(model, base_url=base_url, auth=auth, headers=headers, **options)
         self.provider = provider
+
+
+class OpenAIModel(OpenAIHttpModel):
+    """A Chat Completions model. Build it with `openai(...)`, `openrouter(...)` or
+    `azure(...)`, or `Agent("openai:<model>")`.
+
+    Tools go out as functions (parallel calls allowed); typed output uses
+    `response_format` with a JSON Schema; streaming reads the SSE stream with usage.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        path: str = "/chat/completions",
+        params: Mapping[str, str] | None = None,
+        send_model: bool = True,
+        **connection: Unpack[OpenAIConnection],
+    ) -> None:
+        super().__init__(model, **connection)
         self._path = path
         self._params = dict(params or {})
         self._send_model = send_model
-        self._extra = dict(extra_body or {})
 
     def body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
         """The JSON body of a request."""
@@ -314,11 +336,9 @@ def openai(
     api_key: str | None = None,
     base_url: str | None = None,
     organization: str | None = None,
-    timeout_secs: float = 60,
-    connect_timeout_secs: float = 10,
     headers: Mapping[str, str] | None = None,
-    extra_body: Mapping[str, Any] | None = None,
     api: str = "chat",
+    **options: Unpack[HttpOptions],
 ) -> OpenAIModel | OpenAIResponsesModel:
     """An OpenAI Chat Completions model (the key defaults to `OPENAI_API_KEY`, the URL to
     `OPENAI_BASE_URL` or OpenAI's); `api="responses"` the same model behind the Responses
@@ -326,7 +346,8 @@ def openai(
 
     With `base_url`, any OpenAI-compatible server: vLLM, Ollama
     (`base_url="http://localhost:11434/v1"`), llama.cpp server; a key is then optional.
-    `extra_body` adds fields to every request (e.g. `{"temperature": 0}`).
+    `timeout_secs`, `connect_timeout_secs` and `extra_body` (fields added to every
+    request, e.g. `{"temperature": 0}`) as in `HttpOptions`.
     """
     if api not in ("chat", "responses"):
         raise ValidationError(
@@ -340,27 +361,36 @@ def openai(
             api_key=api_key,
             base_url=base_url,
             organization=organization,
-            timeout_secs=timeout_secs,
-            connect_timeout_secs=connect_timeout_secs,
             headers=headers,
-            extra_body=extra_body,
+            **options,
         )
-    base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
-    custom = base_url is not None and base_url.rstrip("/") != OPENAI_URL
-    key = api_key_from(api_key, "OPENAI_API_KEY", required=not custom, what=f"openai:{model}")
+    url, key, extra = openai_endpoint(base_url, api_key, organization, headers, f"openai:{model}")
+    return OpenAIModel(
+        model, api_key=key, base_url=url, provider="openai", headers=extra, **options
+    )
+
+
+def openai_endpoint(
+    base_url: str | None,
+    api_key: str | None,
+    organization: str | None,
+    headers: Mapping[str, str] | None,
+    what: str,
+) -> tuple[str, str | None, dict[str, str]]:
+    """OpenAI's base URL and API key (see `base_url_and_key`), and `headers` with the
+    organization's."""
+    url, key = base_url_and_key(
+        base_url,
+        api_key,
+        default_url=OPENAI_URL,
+        url_env="OPENAI_BASE_URL",
+        key_env="OPENAI_API_KEY",
+        what=what,
+    )
     extra = dict(headers or {})
     if organization:
         extra["openai-organization"] = organization
-    return OpenAIModel(
-        model,
-        api_key=key,
-        base_url=base_url or OPENAI_URL,
-        provider="openai",
-        headers=extra,
-        timeout_secs=timeout_secs,
-        connect_timeout_secs=connect_timeout_secs,
-        extra_body=extra_body,
-    )
+    return url, key, extra
 
 
 def openrouter(
@@ -370,13 +400,11 @@ def openrouter(
     base_url: str = OPENROUTER_URL,
     app_url: str | None = None,
     app_name: str | None = None,
-    timeout_secs: float = 60,
-    connect_timeout_secs: float = 10,
     headers: Mapping[str, str] | None = None,
-    extra_body: Mapping[str, Any] | None = None,
+    **options: Unpack[HttpOptions],
 ) -> OpenAIModel:
     """A model on OpenRouter (the key defaults to `OPENROUTER_API_KEY`); `app_url` and
-    `app_name` set OpenRouter's attribution headers."""
+    `app_name` set OpenRouter's attribution headers; `options` as in `HttpOptions`."""
     key = api_key_from(api_key, "OPENROUTER_API_KEY", required=True, what=f"openrouter:{model}")
     extra = dict(headers or {})
     if app_url:
@@ -384,14 +412,7 @@ def openrouter(
     if app_name:
         extra["x-title"] = app_name
     return OpenAIModel(
-        model,
-        api_key=key,
-        base_url=base_url,
-        provider="openrouter",
-        headers=extra,
-        timeout_secs=timeout_secs,
-        connect_timeout_secs=connect_timeout_secs,
-        extra_body=extra_body,
+        model, api_key=key, base_url=base_url, provider="openrouter", headers=extra, **options
     )
 
 
@@ -401,13 +422,12 @@ def azure(
     endpoint: str | None = None,
     api_key: str | None = None,
     api_version: str = AZURE_API_VERSION,
-    timeout_secs: float = 60,
-    connect_timeout_secs: float = 10,
     headers: Mapping[str, str] | None = None,
-    extra_body: Mapping[str, Any] | None = None,
+    **options: Unpack[HttpOptions],
 ) -> OpenAIModel:
     """An Azure OpenAI deployment. `endpoint` (e.g. `https://NAME.openai.azure.com`)
-    defaults to `AZURE_OPENAI_ENDPOINT`, the key to `AZURE_OPENAI_API_KEY`."""
+    defaults to `AZURE_OPENAI_ENDPOINT`, the key to `AZURE_OPENAI_API_KEY`; `options` as
+    in `HttpOptions`."""
     key = api_key_from(api_key, "AZURE_OPENAI_API_KEY", required=True, what=f"azure:{deployment}")
     endpoint = endpoint or os.environ.get("AZURE_OPENAI_ENDPOINT")
     if not endpoint:
@@ -421,10 +441,8 @@ def azure(
         base_url=f"{endpoint.rstrip('/')}/openai/deployments/{deployment}",
         provider="azure",
         headers=headers,
-        timeout_secs=timeout_secs,
-        connect_timeout_secs=connect_timeout_secs,
         params={"api-version": api_version},
         key_header="api-key",
         send_model=False,
-        extra_body=extra_body,
+        **options,
     )

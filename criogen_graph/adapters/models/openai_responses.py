@@ -10,13 +10,17 @@ in order, ahead of that turn's function calls.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Unpack
 
 from criogen_graph.adapters.models.base import ModelRequest, ModelResponse, wire_call_id
-from criogen_graph.adapters.models.http import HttpModel, api_key_from, parse_args
+from criogen_graph.adapters.models.http import HttpOptions, parse_args
+from criogen_graph.adapters.models.openai import (
+    OpenAIConnection,
+    OpenAIHttpModel,
+    openai_endpoint,
+)
 from criogen_graph.errors import ModelError
 from criogen_graph.messages import (
     AssistantMessage,
@@ -29,7 +33,6 @@ from criogen_graph.messages import (
 )
 from criogen_graph.results import empty_usage
 
-OPENAI_URL = "https://api.openai.com/v1"
 _PATH = "/responses"
 #: Model families that do not reason: OpenAI refuses `reasoning` and encrypted reasoning
 #: content for them.
@@ -183,7 +186,7 @@ _FAILED_KINDS: dict[str, ModelErrorKind] = {
 }
 
 
-class OpenAIResponsesModel(HttpModel):
+class OpenAIResponsesModel(OpenAIHttpModel):
     """A model behind OpenAI's Responses API. Build it with `openai(model,
     api="responses")`, `openai_responses(...)` or `Agent("openai-responses:<model>")`.
 
@@ -198,34 +201,17 @@ class OpenAIResponsesModel(HttpModel):
     `"content_filter"`.
     """
 
-    provider = "openai"
-
     def __init__(
         self,
         model: str,
         *,
-        api_key: str | None,
-        base_url: str = OPENAI_URL,
-        provider: str = "openai",
-        headers: Mapping[str, str] | None = None,
-        timeout_secs: float = 60,
-        connect_timeout_secs: float = 10,
         reasoning: bool | None = None,
         reasoning_summary: str | None = "auto",
-        extra_body: Mapping[str, Any] | None = None,
+        **connection: Unpack[OpenAIConnection],
     ) -> None:
-        auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        super().__init__(
-            model,
-            base_url=base_url,
-            headers={**auth, **dict(headers or {})},
-            timeout_secs=timeout_secs,
-            connect_timeout_secs=connect_timeout_secs,
-        )
-        self.provider = provider
+        super().__init__(model, **connection)
         self.reasoning = _reasons(model) if reasoning is None else reasoning
         self._summary = reasoning_summary
-        self._extra = dict(extra_body or {})
 
     def body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
         """The JSON body of a request."""
@@ -434,37 +420,29 @@ def openai_responses(
     api_key: str | None = None,
     base_url: str | None = None,
     organization: str | None = None,
-    timeout_secs: float = 60,
-    connect_timeout_secs: float = 10,
     headers: Mapping[str, str] | None = None,
     reasoning: bool | None = None,
     reasoning_summary: str | None = "auto",
-    extra_body: Mapping[str, Any] | None = None,
+    **options: Unpack[HttpOptions],
 ) -> OpenAIResponsesModel:
     """A model behind OpenAI's Responses API (the key defaults to `OPENAI_API_KEY`, the
     URL to `OPENAI_BASE_URL` or OpenAI's; with another `base_url` a key is optional).
 
     `reasoning` turns encrypted reasoning on or off (default: on unless the model name is
     a non-reasoning family); `reasoning_summary` is what `reasoning.summary` asks for
-    (`"auto"`, `"concise"`, `"detailed"` or `None`); `extra_body` adds fields to every
-    request (e.g. `{"reasoning": {"effort": "high"}, "max_output_tokens": 2000}`).
+    (`"auto"`, `"concise"`, `"detailed"` or `None`); `timeout_secs`,
+    `connect_timeout_secs` and `extra_body` (fields added to every request, e.g.
+    `{"reasoning": {"effort": "high"}, "max_output_tokens": 2000}`) as in `HttpOptions`.
     """
-    base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
-    custom = base_url is not None and base_url.rstrip("/") != OPENAI_URL
-    key = api_key_from(
-        api_key, "OPENAI_API_KEY", required=not custom, what=f"openai-responses:{model}"
+    url, key, extra = openai_endpoint(
+        base_url, api_key, organization, headers, f"openai-responses:{model}"
     )
-    extra = dict(headers or {})
-    if organization:
-        extra["openai-organization"] = organization
     return OpenAIResponsesModel(
         model,
         api_key=key,
-        base_url=base_url or OPENAI_URL,
+        base_url=url,
         headers=extra,
-        timeout_secs=timeout_secs,
-        connect_timeout_secs=connect_timeout_secs,
         reasoning=reasoning,
         reasoning_summary=reasoning_summary,
-        extra_body=extra_body,
+        **options,
     )

@@ -2,33 +2,28 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import cast
+
 from criogen_graph.adapters.models.base import Model
+
+#: The factory of each provider, as (module, function): a provider's module (and its HTTP
+#: client) loads only when a model string names it.
+_FACTORIES = {
+    "openai": ("openai", "openai"),
+    "openai-responses": ("openai_responses", "openai_responses"),
+    "openrouter": ("openai", "openrouter"),
+    "azure": ("openai", "azure"),
+    "anthropic": ("anthropic", "anthropic"),
+    "gemini": ("gemini", "gemini"),
+}
 
 
 def from_string(provider: str, name: str) -> Model:
     """The model for a checked `"provider:model"` string (its key is in the environment)."""
-    if provider == "openai":
-        from criogen_graph.adapters.models.openai import openai
-
-        return openai(name)
-    if provider == "openai-responses":
-        from criogen_graph.adapters.models.openai_responses import openai_responses
-
-        return openai_responses(name)
-    if provider == "openrouter":
-        from criogen_graph.adapters.models.openai import openrouter
-
-        return openrouter(name)
-    if provider == "azure":
-        from criogen_graph.adapters.models.openai import azure
-
-        return azure(name)
-    if provider == "anthropic":
-        from criogen_graph.adapters.models.anthropic import anthropic
-
-        return anthropic(name)
-    if provider == "gemini":
-        from criogen_graph.adapters.models.gemini import gemini
-
-        return gemini(name)
-    raise TypeError(f"unknown model provider {provider!r}")
+    where = _FACTORIES.get(provider)
+    if where is None:
+        raise TypeError(f"unknown model provider {provider!r}")
+    module, factory = where
+    found = importlib.import_module(f"criogen_graph.adapters.models.{module}")
+    return cast(Model, getattr(found, factory)(name))

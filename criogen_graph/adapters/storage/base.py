@@ -455,6 +455,14 @@ class Backend:
         """Open (once) and return the backend's LangGraph store."""
         raise NotImplementedError
 
+    def drop_store(self) -> None:
+        """Let go of the store, stopping its background batching task: LangGraph's
+        database stores do not stop it themselves when their connection closes."""
+        task = getattr(self.store, "_task", None)
+        if task is not None:
+            task.cancel()
+        self.store = None
+
     async def write_audit(self, records: list[dict[str, Any]]) -> None:
         raise NotImplementedError
 

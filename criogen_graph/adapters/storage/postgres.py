@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import hashlib
-import re
 import select
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
@@ -24,6 +24,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from criogen_graph._aio import uncancelled
+from criogen_graph._urls import mask_url
 from criogen_graph.adapters.storage.base import (
     DEFERRABLE_TASKS,
     ENCRYPTION_CLAIM,
@@ -119,16 +120,11 @@ def setup_timeout(what: str, why: str) -> StorageError:
     )
 
 
-def safe_url(url: str) -> str:
-    """The URL without its password, for error messages."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
-
-
 def unreachable(url: str, exc: BaseException) -> StorageError:
     """The error for a server that cannot be reached (or went away mid-call)."""
     text = str(exc).strip()
     reason = text.splitlines()[0] if text else type(exc).__name__
-    return StorageError(f"cannot reach PostgreSQL at {safe_url(url)}: {reason}", code="unreachable")
+    return StorageError(f"cannot reach PostgreSQL at {mask_url(url)}: {reason}", code="unreachable")
 
 
 #: SQLSTATEs (besides class 08, connection_exception) with which the server ends a session:
@@ -219,12 +215,19 @@ Insert = tuple[str, str, list[tuple[Any, ...]]]  # table (columns), conflict cla
 
 
 def _statement(
-    main: Insert, *ctes: Insert, fence: tuple[str, int] | None = None
+    main: Insert,
+    *ctes: Insert,
+    fence: tuple[str, int] | None = None,
+    release: int | None = None,
 ) -> tuple[str, list[Any]]:
     """Several multi-row inserts as one SQL statement (the others as data-modifying CTEs
     of the `main` one): one round trip, committed atomically. With `fence` (a thread and
     the lock epoch of the run writing), every insert is a CTE and the statement fails
-    as a whole unless the epoch still holds (`criogen_fence`)."""
+    as a whole unless the epoch still holds (`criogen_fence`). With `release` too (the
+    thread's session lock key; the statement must run on the session holding it), the
+    statement gives the lock back once every insert is done, so a failed insert leaves
+    it held; a process taking the lock in between finds the thread's write lock still
+    held by this statement's fence until it commits, so it sees the thread busy."""
     params: list[Any] = []
 
     def insert(part: Insert) -> str:
@@ -232,13 +235,27 @@ def _statement(
         row = "(" + ", ".join(["%s"] * len(rows[0])) + ")"
         for r in rows:
             params.extend(r)
-        return f"INSERT INTO {table} VALUES {', '.join([row] * len(rows))} {conflict}"
+        returning = " RETURNING 1" if release is not None else ""
+        return f"INSERT INTO {table} VALUES {', '.join([row] * len(rows))} {conflict}{returning}"
 
     if fence is not None:
         params.extend((fence[0], fence[1], write_key(fence[0])))
         withs = ["f AS (SELECT criogen_fence(%s, %s, %s) AS ok)"]
-        withs += [f"c{i} AS ({insert(part)})" for i, part in enumerate((main, *ctes)) if part[2]]
-        return f"WITH {', '.join(withs)} SELECT ok FROM f", params
+        names = []
+        for i, part in enumerate((main, *ctes)):
+            if part[2]:
+                withs.append(f"c{i} AS ({insert(part)})")
+                names.append(f"c{i}")
+        if release is None:
+            return f"WITH {', '.join(withs)} SELECT ok FROM f", params
+        # Reading every insert's rows before the projection makes the unlock run
+        # only after all of them succeeded.
+        params.append(release)
+        joins = "".join(f", (SELECT count(*) FROM {n}) AS n{n}" for n in names)
+        return (
+            f"WITH {', '.join(withs)} SELECT ok, pg_advisory_unlock(%s) AS released FROM f{joins}",
+            params,
+        )
     withs = [f"c{i} AS ({insert(part)})" for i, part in enumerate(ctes) if part[2]]
     body = insert(main)
     return (f"WITH {', '.join(withs)} {body}" if withs else body), params
@@ -271,6 +288,41 @@ def _delete_statement(thread_id: str, *, audit: bool, epoch: int | None) -> tupl
     return sql, params
 
 
+#: The channels that start a node of the agent graph's next step, besides the ones named
+#: "branch:to:<node>": a checkpoint that updates one of them (or any channel that looks
+#: like a trigger) may be followed by a node with side effects.
+_PURE_NEXT = frozenset({"branch:to:model", "__start__"})
+
+
+def _quiet_next(checkpoint: Checkpoint) -> bool:
+    """Whether the step after `checkpoint` (of the agent graph) runs at most the model:
+    every channel it updated is a state channel or starts the model or the entry.
+    Anything else (tools sent as tasks, a join, a checkpoint of an older format without
+    `updated_channels`) counts as possibly having side effects."""
+    updated = cast(Any, checkpoint).get("updated_channels")
+    if updated is None:
+        return False
+    return all(
+        c in _PURE_NEXT or not (c.startswith("__") or ":" in c or c.startswith("branch"))
+        for c in updated
+    )
+
+
+def _input_task(configurable: Any) -> str | None:
+    """The task id under which LangGraph writes a new input to the head it starts from
+    (a `DeltaChannel` reads it from there): no side effects follow before the next
+    checkpoint, so it may wait for it like the entry's writes."""
+    from uuid import UUID, uuid5
+
+    checkpoint_id = configurable.get("checkpoint_id")
+    if not checkpoint_id:
+        return None
+    try:
+        return str(uuid5(UUID(checkpoint_id), "__input__"))
+    except ValueError:
+        return None
+
+
 def lock_lost(thread_id: str) -> StorageError:
     """The error of a run whose lock on the thread is gone."""
     return StorageError(
@@ -287,16 +339,27 @@ def _saver_class() -> type[Any]:
     class _Saver(SaverMixin, AsyncPostgresSaver):
         """`AsyncPostgresSaver` whose writes are one statement each (rows, blobs and audit
         rows together: one round trip, atomic) on their own pooled connection, with no
-        saver-wide lock and no thread hop."""
+        saver-wide lock and no thread hop. A run's checkpoints that nothing with side
+        effects follows wait for its next write, and its last write goes with the
+        release of its lock (`PostgresBackend.flush_deferred`): a send whose model calls
+        one tool makes four round trips (lock and head, the tool call, its result, the
+        answer and the release)."""
 
         url: str = ""
         #: `await fence(thread_id)` before a write of a run: the epoch of the lock the run
         #: holds on the thread (None: not locked here), or `StorageError("lock_lost")`
         #: when its session is seen to be gone (`PostgresBackend._check_lock`).
         fence: Any = None
+        #: Heads read with the lock that guards them (`PostgresBackend._take`), by
+        #: thread: `(the task holding the lock, the head's row or None)`, served to that
+        #: task until the thread is written or let go, each time as a tuple of its own
+        #: (LangGraph changes the checkpoint it is handed).
+        prefetched: dict[str, tuple[Any, Any]]
 
         async def _write(self, parts: Sequence[Insert], thread_id: str | None) -> None:
             """Save `parts` in one statement; a run's writes only while its lock holds."""
+            if thread_id is not None:
+                self.prefetched.pop(thread_id, None)
             epoch = await self.fence(thread_id) if thread_id is not None else None
             if thread_id is None or epoch is None:
                 sql, params = _statement(*parts)
@@ -358,6 +421,7 @@ def _saver_class() -> type[Any]:
             """Delete the thread's checkpoints, writes, blobs and lock epoch (so a stale
             run of it can write nothing more) in one statement: all or nothing."""
             thread_id = check_thread_id(str(thread_id))
+            self.prefetched.pop(thread_id, None)
             sql, params = _delete_statement(thread_id, audit=False, epoch=None)
             await self._execute(sql, params)
 
@@ -410,9 +474,12 @@ def _saver_class() -> type[Any]:
                 (_AUDIT, "", audit),
             ]
             if seg is not None and not checkpoint_ns:
-                if metadata.get("source") == "input":
+                if metadata.get("source") == "input" or _quiet_next(checkpoint):
                     # The checkpoint of a new input is followed at once by the one that
-                    # applies it (step 0, before any model call): both go in together.
+                    # applies it; a checkpoint whose next step is a model call (or none)
+                    # is followed by nothing with side effects: each goes in with the
+                    # next write the run must make (the one before a tool runs, a tool's
+                    # result), or with the run's last write, which also lets the lock go.
                     seg.deferred.extend(parts)
                     return next_config
                 # The writes of this step's task go in with the checkpoint that closes it.
@@ -450,7 +517,14 @@ def _saver_class() -> type[Any]:
                 audit = self.audit_rows(records_for_writes(seg, writes))
                 parts: list[Insert] = [(_WRITES, conflict, list(rows)), (_AUDIT, "", audit)]
                 top = not configurable["checkpoint_ns"]
-                if seg is not None and top and task_path in DEFERRABLE_TASKS:
+                if (
+                    seg is not None
+                    and top
+                    and (
+                        task_path in DEFERRABLE_TASKS
+                        or (not task_path and task_id == _input_task(configurable))
+                    )
+                ):
                     seg.deferred.extend(parts)
                     return
                 await self._write(parts, seg.thread_id if seg is not None else None)
@@ -474,6 +548,10 @@ def _saver_class() -> type[Any]:
             thread_id = check_thread_id(str(configurable["thread_id"]))
             checkpoint_id = get_checkpoint_id(config)
             checkpoint_ns = configurable.get("checkpoint_ns", "")
+            if not checkpoint_id and not checkpoint_ns:
+                held = self.prefetched.get(thread_id)
+                if held is not None and held[0] is asyncio.current_task():
+                    return None if held[1] is None else self.head_tuple(copy.deepcopy(held[1]))
             if checkpoint_id:
                 args: tuple[Any, ...] = (thread_id, checkpoint_ns, checkpoint_id)
                 where = "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s"
@@ -496,6 +574,18 @@ def _saver_class() -> type[Any]:
             if value["checkpoint"]["v"] < 4 and value["parent_checkpoint_id"]:
                 # Old-format checkpoints: the parent class knows how to migrate them.
                 return await super().aget_tuple(config)
+            return self.head_tuple(value)
+
+        def head_sql(self) -> str:
+            """The statement reading a thread's head (params: thread id, namespace)."""
+            return (
+                self.SELECT_SQL + "WHERE thread_id = %s AND checkpoint_ns = %s "
+                "ORDER BY checkpoint_id DESC LIMIT 1"
+            )
+
+        def head_tuple(self, value: Any) -> Any:
+            """The `CheckpointTuple` of a row read with `SELECT_SQL` (a current-format
+            checkpoint: `value["checkpoint"]["v"] >= 4`, or one without a parent)."""
             checkpoint: Any = {
                 **value["checkpoint"],
                 "channel_values": {
@@ -587,7 +677,8 @@ class PostgresBackend(Backend):
             from psycopg_pool import AsyncConnectionPool
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise StorageError(
-                "PostgreSQL storage needs psycopg: pip install 'criogen-graph[postgres]'",
+                "PostgreSQL storage needs psycopg: pip install -e '.[postgres]' in the "
+                "criogen_graph checkout",
                 code="missing_dependency",
             ) from exc
         # One dedicated connection holds this process's advisory locks; it also proves the
@@ -613,6 +704,7 @@ class PostgresBackend(Backend):
         saver = _saver_class()(pool, serde=self._serde)
         saver.transcripts = TranscriptCache()
         saver.url = self.url
+        saver.prefetched = {}
 
         async def migrate() -> None:
             await saver.setup()
@@ -698,7 +790,7 @@ class PostgresBackend(Backend):
         the session holding a lock nobody counts: the thread busy for every other
         process until this one closes its storage)."""
         check_thread_id(thread_id)
-        take = asyncio.ensure_future(self._take(thread_id))
+        take = asyncio.ensure_future(self._take(thread_id, asyncio.current_task()))
         cancelled = False
         while not take.done():
             try:
@@ -712,16 +804,29 @@ class PostgresBackend(Backend):
             raise asyncio.CancelledError
         return take.result()
 
-    async def _take(self, thread_id: str) -> bool:
+    async def _take(self, thread_id: str, holder: Any) -> bool:
+        """Take the lock and read the thread's head in one round trip (a pipeline: the
+        head is read by a statement after the one taking the lock, so with a snapshot
+        that sees every write of the previous holder), for `holder` (the task that will
+        hold the lock) to read instead of asking the database again."""
         import psycopg
 
         key = lock_key(thread_id)
+        saver = cast(Any, self.saver)
         async with self._lock_guard:
             for attempt in (1, 2):
                 conn = await self._lock_connection()
                 try:
-                    cur = await conn.execute(_TRY_LOCK, (key, write_key(thread_id), key, thread_id))
+                    async with conn.pipeline():
+                        cur = await conn.execute(
+                            _TRY_LOCK, (key, write_key(thread_id), key, thread_id)
+                        )
+                        head = conn.cursor(binary=True)
+                        await head.execute(saver.head_sql(), (thread_id, ""), binary=True)
+                    # (Fetched after the pipeline ends: a fetch inside it would sync once
+                    # more, a second round trip.)
                     row = await cur.fetchone()
+                    value = await head.fetchone()
                 except psycopg.Error as exc:
                     if not connection_lost(exc, conn):
                         # The statement failed, not the session: it keeps every other
@@ -739,6 +844,10 @@ class PostgresBackend(Backend):
                     continue
                 if row and row["ok"]:
                     self._held[thread_id] = (conn, row["epoch"])
+                    if value is None or (
+                        value["checkpoint"]["v"] >= 4 or not value["parent_checkpoint_id"]
+                    ):
+                        saver.prefetched[thread_id] = (holder, value)
                     return True
                 return False
             raise AssertionError("unreachable")
@@ -782,6 +891,7 @@ class PostgresBackend(Backend):
         await uncancelled(self._give_back(thread_id))
 
     async def _give_back(self, thread_id: str) -> None:
+        cast(Any, self.saver).prefetched.pop(thread_id, None)
         async with self._lock_guard:
             held = self._held.pop(thread_id, None)
             conn = self._lock_conn
@@ -791,11 +901,7 @@ class PostgresBackend(Backend):
                 await conn.execute("SELECT pg_advisory_unlock(%s)", (lock_key(thread_id),))
 
     async def close(self) -> None:
-        if self.store is not None:
-            task = getattr(self.store, "_task", None)
-            if task is not None:
-                task.cancel()
-            self.store = None
+        self.drop_store()
         if self._pool is not None:
             pool, self._pool = self._pool, None
             idle = list(getattr(pool, "_pool", ()))
@@ -822,7 +928,53 @@ class PostgresBackend(Backend):
                 yield conn
 
     async def flush_deferred(self, seg: Segment) -> None:
-        await self.saver.flush_deferred(seg)  # type: ignore[attr-defined]
+        """At the end of a run that went well (its segment not settled) and holds its
+        lock here, the writes held back go in one statement with the release of the
+        lock, on the session holding it: the run's last round trip. Otherwise (a run
+        that stopped: its failure is recorded under the lock, after) they are saved
+        as any write."""
+        saver = cast(Any, self.saver)
+        held = self._held.get(seg.thread_id)
+        if seg.closed or held is None:
+            await saver.flush_deferred(seg)
+            return
+        parts = [p for p in seg.deferred if p[2]]
+        if seg.audit:
+            parts.append((_AUDIT, "", saver.audit_rows(seg.audit)))
+        seg.deferred = []
+        seg.audit = []
+        if parts:
+            await self._write_and_release(seg.thread_id, parts)
+
+    async def _write_and_release(self, thread_id: str, parts: list[Insert]) -> None:
+        """Save `parts` (fenced) and give the thread's lock back, in one statement on
+        the lock's session. If it fails, nothing was saved and the lock is still held."""
+        import psycopg
+
+        saver = cast(Any, self.saver)
+        saver.prefetched.pop(thread_id, None)
+        epoch = await self._check_lock(thread_id)
+        if epoch is None:  # pragma: no cover - flush_deferred checked it is held here
+            await saver._write(parts, thread_id)
+            return
+        sql, params = _statement(*parts, fence=(thread_id, epoch), release=lock_key(thread_id))
+        async with self._lock_guard:
+            held = self._held.get(thread_id)
+            conn = self._lock_conn
+            if held is None or conn is None or held[0] is not conn or conn.closed or conn.broken:
+                raise lock_lost(thread_id)
+            try:
+                await conn.execute(sql, params, binary=True)
+            except psycopg.Error as exc:
+                if exc.sqlstate == _FENCE_LOST:
+                    raise lock_lost(thread_id) from None
+                if connection_lost(exc, conn):
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+                    raise lock_lost(thread_id) from None
+                raise statement_failed(exc) from exc
+            # Given back: the unlock that follows has nothing left to do.
+            self._held.pop(thread_id, None)
 
     async def write_audit(self, records: list[dict[str, Any]]) -> None:
         rows = cast(Any, self.saver).audit_rows(records)
@@ -849,6 +1001,7 @@ class PostgresBackend(Backend):
         import psycopg
 
         saver = cast(Any, self.saver)
+        saver.prefetched.pop(thread_id, None)
         epoch = await self._check_lock(thread_id)
         sql, params = _delete_statement(thread_id, audit=audit, epoch=epoch)
         committing = False

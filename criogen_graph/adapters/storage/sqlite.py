@@ -575,10 +575,7 @@ class SqliteBackend(Backend):
 
     async def close(self) -> None:
         if self.store is not None:
-            task = getattr(self.store, "_task", None)
-            if task is not None:
-                task.cancel()
-            self.store = None
+            self.drop_store()
             if self._store_conn is not None:
                 await self._store_conn.close()
                 self._store_conn = None
