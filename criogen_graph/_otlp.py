@@ -18,7 +18,7 @@ import random
 import struct
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from criogen_graph._retry_after import retry_after_from_headers
@@ -294,12 +294,22 @@ def _value(key: str, value: Any) -> Any:
     return str(value)
 
 
+def _attributes(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`attributes` as OpenTelemetry allows them (see `_value`), the `None` ones left out."""
+    clean = {}
+    for key, value in (attributes or {}).items():
+        value = _value(key, value)
+        if value is not None:
+            clean[key] = value
+    return clean
+
+
 def _make_light_classes() -> tuple[type, type, type]:
     """The provider, tracer and span classes, made on first use: they subclass the
-    OpenTelemetry API's, which `import criogen_graph` should not load."""
-    from contextlib import contextmanager
-
+    OpenTelemetry API's, which `import criogen_graph` should not load (nor the SDK, whose
+    processor and sampler they run with)."""
     from opentelemetry import trace
+    from opentelemetry.sdk.trace import Tracer as SdkTracer
     from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
     from opentelemetry.trace.status import Status, StatusCode
 
@@ -358,11 +368,7 @@ def _make_light_classes() -> tuple[type, type, type]:
 
         def set_attributes(self, attributes: Mapping[str, Any]) -> None:
             if self.end_time is None:
-                mine = self.attributes
-                for key, value in attributes.items():
-                    value = _value(key, value)
-                    if value is not None:
-                        mine[key] = value
+                self.attributes.update(_attributes(attributes))
 
         def set_attribute(self, key: str, value: Any) -> None:
             self.set_attributes({key: value})
@@ -374,11 +380,7 @@ def _make_light_classes() -> tuple[type, type, type]:
             timestamp: int | None = None,
         ) -> None:
             if self.end_time is None:
-                clean = {}
-                for key, value in (attributes or {}).items():
-                    value = _value(key, value)
-                    if value is not None:
-                        clean[key] = value
+                clean = _attributes(attributes)
                 self.events.append(_Event(name, clean, timestamp or time.time_ns()))
 
         def add_link(self, context: Any, attributes: Any = None) -> None:
@@ -451,42 +453,18 @@ def _make_light_classes() -> tuple[type, type, type]:
             )
             if not recorded:
                 return NonRecordingSpan(span_context)
-            clean: dict[str, Any] = {}
-            for key, value in (result.attributes or {}).items():
-                value = _value(key, value)
-                if value is not None:
-                    clean[key] = value
             return LightSpan(
                 name,
                 span_context,
                 parent,
                 kind,
-                clean,
+                _attributes(result.attributes),
                 start_time or time.time_ns(),
                 self._processor,
             )
 
-        @contextmanager
-        def start_as_current_span(  # type: ignore[override]
-            self,
-            name: str,
-            context: Any = None,
-            kind: SpanKind = SpanKind.INTERNAL,
-            attributes: Any = None,
-            links: Any = None,
-            start_time: int | None = None,
-            record_exception: bool = True,
-            set_status_on_exception: bool = True,
-            end_on_exit: bool = True,
-        ) -> Iterator[trace.Span]:
-            span = self.start_span(name, context, kind, attributes, links, start_time)
-            with trace.use_span(
-                span,
-                end_on_exit=end_on_exit,
-                record_exception=record_exception,
-                set_status_on_exception=set_status_on_exception,
-            ) as current:
-                yield current
+        # The SDK's: `start_span` (this class's), then `use_span`.
+        start_as_current_span = SdkTracer.start_as_current_span
 
     class LightProvider(trace.TracerProvider):
         """A tracer provider of the OpenTelemetry API whose spans go to one span

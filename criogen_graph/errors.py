@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from criogen_graph.messages import ErrorCode, LimitName, ModelAttempt, ModelErrorKind
 
@@ -29,10 +29,8 @@ __all__ = [
 TRANSIENT_KINDS: frozenset[ModelErrorKind] = frozenset(
     {"rate_limit", "transient", "timeout", "connection"}
 )
-#: Every `ModelError.kind`.
-MODEL_ERROR_KINDS: frozenset[ModelErrorKind] = TRANSIENT_KINDS | frozenset(
-    {"context_overflow", "content_filter", "auth", "bad_request", "not_found"}
-)
+#: Every `ModelError.kind` (the values of `messages.ModelErrorKind`).
+MODEL_ERROR_KINDS: frozenset[ModelErrorKind] = frozenset(get_args(ModelErrorKind))
 #: LangGraph's server (`langgraph dev`, LangGraph Platform), whose JSON encoder may read
 #: `CriogenError._asdict`.
 _SERVER_PACKAGE = "langgraph_api"

@@ -96,7 +96,7 @@ class HookContext:
     def __init__(
         self,
         run_id: str,
-        messages: list[dict[str, Any]],
+        messages: Sequence[Mapping[str, Any]],
         model_calls: int,
         hook_state: Any,
         state: Mapping[str, Any],
@@ -104,32 +104,10 @@ class HookContext:
         setattr_ = object.__setattr__
         setattr_(self, "run_id", run_id)
         setattr_(self, "model_calls", model_calls)
-        setattr_(self, "hook_state", hook_state)
-        setattr_(self, "state", state)
-        setattr_(self, "_copy", messages)
-        setattr_(self, "_source", None)
-
-    @classmethod
-    def of_run(
-        cls,
-        run_id: str,
-        transcript: Sequence[Mapping[str, Any]],
-        model_calls: int,
-        hook_state: Any,
-        state: Mapping[str, Any],
-    ) -> HookContext:
-        """The context the library hands a hook: `messages` is a copy of `transcript`
-        (made on first read), `hook_state` and `state` copies too."""
-        ctx = cls(
-            run_id,
-            [],
-            model_calls,
-            copy_value(hook_state),
-            MappingProxyType(copy_value(dict(state))),
-        )
-        object.__setattr__(ctx, "_copy", None)
-        object.__setattr__(ctx, "_source", transcript)
-        return ctx
+        setattr_(self, "hook_state", copy_value(hook_state))
+        setattr_(self, "state", MappingProxyType(copy_value(dict(state))))
+        setattr_(self, "_copy", None)
+        setattr_(self, "_source", messages)
 
     @property
     def messages(self) -> list[dict[str, Any]]:

@@ -7,8 +7,8 @@ import hashlib
 import math
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from criogen_graph import _fts
 from criogen_graph._search import embed_texts, rank_vectors
@@ -18,7 +18,7 @@ from criogen_graph.tools import Tool, ToolArgumentsError, ToolContext
 if TYPE_CHECKING:
     from criogen_graph.storage import Storage
 
-__all__ = ["Memory", "MemoryView"]
+__all__ = ["Memory", "MemoryOptions", "MemoryView"]
 
 _ROOT = ("criogen", "memory")
 #: A pool's key as the label itself (where every version stored string keys), or encoded.
@@ -85,6 +85,15 @@ def key_labels(value: str | int | float) -> tuple[str, str]:
     return _ENCODED, label
 
 
+class MemoryOptions(TypedDict, total=False):
+    """The options both `Memory` constructors take besides the scope (see `Memory`)."""
+
+    recall: int
+    tools: bool
+    embed: Callable[[list[str]], Any] | None
+    max_facts: int
+
+
 class Memory:
     """Facts an agent keeps between conversations, in its storage's LangGraph store.
 
@@ -135,46 +144,17 @@ class Memory:
 
     @classmethod
     def by_state(
-        cls,
-        key: str,
-        *,
-        namespace: str = "facts",
-        recall: int = 5,
-        tools: bool = True,
-        embed: Callable[[list[str]], Any] | None = None,
-        max_facts: int = 1000,
+        cls, key: str, *, namespace: str = "facts", **options: Unpack[MemoryOptions]
     ) -> Memory:
         """One pool of facts per value of `state[key]` (e.g. `Memory.by_state("user_id")`):
         any `str` (an e-mail address too), `int`, `float` or `bool`, each value (and
         type: `0` is not `"0"`) a pool of its own; see `pool`."""
-        return cls(
-            key=key,
-            namespace=namespace,
-            recall=recall,
-            tools=tools,
-            embed=embed,
-            max_facts=max_facts,
-        )
+        return cls(key=key, namespace=namespace, **options)
 
     @classmethod
-    def shared(
-        cls,
-        namespace: str = "shared",
-        *,
-        recall: int = 5,
-        tools: bool = True,
-        embed: Callable[[list[str]], Any] | None = None,
-        max_facts: int = 1000,
-    ) -> Memory:
+    def shared(cls, namespace: str = "shared", **options: Unpack[MemoryOptions]) -> Memory:
         """One pool of facts for every run of the agents that use it."""
-        return cls(
-            key=None,
-            namespace=namespace,
-            recall=recall,
-            tools=tools,
-            embed=embed,
-            max_facts=max_facts,
-        )
+        return cls(key=None, namespace=namespace, **options)
 
     def __repr__(self) -> str:
         scope = f"by_state({self.key!r})" if self.key else "shared"
@@ -318,7 +298,7 @@ class Memory:
         """The memory tools the model gets (none with `tools=False`)."""
         if not self.tools_enabled:
             return []
-        return [_Remember(self), _Forget(self), _Search(self)]
+        return [_MemoryTool(self, *spec) for spec in _TOOLS]
 
 
 def _public(fact: Mapping[str, Any]) -> dict[str, Any]:
@@ -334,8 +314,78 @@ def _store_or_fail() -> Any:
     return store
 
 
+async def _remember(
+    memory: Memory, store: Any, pool: tuple[str, ...], fact: str, ctx: ToolContext
+) -> Any:
+    saved = await memory.remember(
+        store, pool, fact, source={"run_id": ctx.run_id, "thread_id": ctx.thread_id}
+    )
+    return f"Remembered [{saved['id']}]: {saved['text']}"
+
+
+async def _forget(
+    memory: Memory, store: Any, pool: tuple[str, ...], fact_id: str, ctx: ToolContext
+) -> Any:
+    fact_id = fact_id.strip().strip("[]")
+    if not await memory.forget(store, pool, fact_id):
+        raise ToolError(f"there is no fact {fact_id} in memory")
+    return f"Forgot [{fact_id}]"
+
+
+async def _search(
+    memory: Memory, store: Any, pool: tuple[str, ...], query: str, ctx: ToolContext
+) -> Any:
+    facts = await memory.search(store, pool, query, limit=10)
+    return [{"id": f["id"], "fact": f["text"]} for f in facts] or "No matching facts."
+
+
+#: What a memory tool does with its one argument.
+_Act = Callable[["Memory", Any, tuple[str, ...], str, ToolContext], Awaitable[Any]]
+
+#: The memory tools: name, description, argument, the argument's description, what the
+#: tool does, and whether it only reads.
+_TOOLS: tuple[tuple[str, str, str, str, _Act, bool], ...] = (
+    (
+        "remember",
+        "Save a fact to long-term memory so it can be recalled in later conversations "
+        "(for example a preference or a detail the user shared). One fact per call.",
+        "fact",
+        "The fact, as a short self-contained sentence.",
+        _remember,
+        False,
+    ),
+    (
+        "forget",
+        "Delete a fact from long-term memory, by the id shown in brackets.",
+        "fact_id",
+        "The id of the fact, e.g. fact_0123abcd.",
+        _forget,
+        False,
+    ),
+    (
+        "search_memory",
+        "Search long-term memory for facts about something.",
+        "query",
+        "What to look for.",
+        _search,
+        True,
+    ),
+)
+
+
 class _MemoryTool(Tool):
-    def __init__(self, memory: Memory, name: str, description: str, field: str, what: str) -> None:
+    """A memory tool of `_TOOLS`: one non-empty string argument, `act` on the run's pool."""
+
+    def __init__(
+        self,
+        memory: Memory,
+        name: str,
+        description: str,
+        field: str,
+        what: str,
+        act: _Act,
+        read_only: bool,
+    ) -> None:
         super().__init__(
             name,
             description,
@@ -345,9 +395,11 @@ class _MemoryTool(Tool):
                 "required": [field],
                 "additionalProperties": False,
             },
+            read_only=read_only,
         )
         self.memory = memory
         self.field = field
+        self.act = act
 
     def validate(self, args: Mapping[str, Any]) -> Any:
         value = args.get(self.field)
@@ -357,64 +409,11 @@ class _MemoryTool(Tool):
             )
         return {self.field: value}
 
-
-class _Remember(_MemoryTool):
-    def __init__(self, memory: Memory) -> None:
-        super().__init__(
-            memory,
-            "remember",
-            "Save a fact to long-term memory so it can be recalled in later conversations "
-            "(for example a preference or a detail the user shared). One fact per call.",
-            "fact",
-            "The fact, as a short self-contained sentence.",
-        )
-
     async def run(self, args: Any, ctx: ToolContext) -> Any:
         store = _store_or_fail()
-        fact = await self.memory.remember(
-            store,
-            self.memory.pool(ctx.state),
-            args["fact"],
-            source={"run_id": ctx.run_id, "thread_id": ctx.thread_id},
+        return await self.act(
+            self.memory, store, self.memory.pool(ctx.state), args[self.field], ctx
         )
-        return f"Remembered [{fact['id']}]: {fact['text']}"
-
-
-class _Forget(_MemoryTool):
-    def __init__(self, memory: Memory) -> None:
-        super().__init__(
-            memory,
-            "forget",
-            "Delete a fact from long-term memory, by the id shown in brackets.",
-            "fact_id",
-            "The id of the fact, e.g. fact_0123abcd.",
-        )
-
-    async def run(self, args: Any, ctx: ToolContext) -> Any:
-        store = _store_or_fail()
-        fact_id = args["fact_id"].strip().strip("[]")
-        if not await self.memory.forget(store, self.memory.pool(ctx.state), fact_id):
-            raise ToolError(f"there is no fact {fact_id} in memory")
-        return f"Forgot [{fact_id}]"
-
-
-class _Search(_MemoryTool):
-    def __init__(self, memory: Memory) -> None:
-        super().__init__(
-            memory,
-            "search_memory",
-            "Search long-term memory for facts about something.",
-            "query",
-            "What to look for.",
-        )
-        self.read_only = True
-
-    async def run(self, args: Any, ctx: ToolContext) -> Any:
-        store = _store_or_fail()
-        facts = await self.memory.search(
-            store, self.memory.pool(ctx.state), args["query"], limit=10
-        )
-        return [{"id": f["id"], "fact": f["text"]} for f in facts] or "No matching facts."
 
 
 class MemoryView:

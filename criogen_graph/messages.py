@@ -42,20 +42,15 @@ __all__ = [
 #: The role of a transcript message.
 Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
 
-#: Why a run ended (`RunResult.stop_reason`; `None` while it waits for approval).
-StopReason: TypeAlias = Literal[
-    "final_answer",
-    "output",
-    "return_direct",
-    "content_filter",
-    "max_tokens",
-    "hook_end",
-    "limit",
-]
-
 #: The stop reasons a model reply itself may carry (`ModelResponse.stop_reason`): a
 #: provider's safety stop, or an answer cut off by the output-token cap.
 ModelStopReason: TypeAlias = Literal["content_filter", "max_tokens"]
+
+#: Why a run ended (`RunResult.stop_reason`; `None` while it waits for approval): a
+#: model's own stop reason ends the run too.
+StopReason: TypeAlias = Literal[
+    "final_answer", "output", "return_direct", "hook_end", "limit", ModelStopReason
+]
 
 #: Every `ModelError.kind` (equal to `errors.MODEL_ERROR_KINDS`). The first four are the
 #: transient kinds, retried and moved on to fallbacks.

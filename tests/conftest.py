@@ -26,7 +26,9 @@ def postgres_problem() -> str | None:
     try:
         import psycopg
     except ImportError:
-        return "psycopg is not installed (pip install -e '.[postgres]' in the criogen_graph checkout)"
+        return (
+            "psycopg is not installed (pip install -e '.[postgres]' in the criogen_graph checkout)"
+        )
     try:
         with psycopg.connect(PG_URL, connect_timeout=3) as conn:
             conn.execute("SELECT 1")

@@ -373,9 +373,7 @@ async def test_hook_state_is_saved_with_the_thread(storage: Storage, thread_id: 
     await agent.thread(thread_id).send("b")
     agent2 = Agent(echo_model(), storage=storage, hooks=[Turns(), Peek()])
     await agent2.thread(thread_id).send("c")
-    snap = await agent2.thread_graph(storage).aget_state(
-        {"configurable": {"thread_id": thread_id}}
-    )
+    snap = await agent2.thread_graph(storage).aget_state({"configurable": {"thread_id": thread_id}})
     assert snap.values["run"]["hooks"]["Turns"] == 3
     assert seen == [1, 3, 5]
 

@@ -5,7 +5,7 @@ Building it imports no heavy module: a command's own modules load when it runs."
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -161,16 +161,116 @@ def _positive_float(value: str) -> float:
 
 # -- the parser -------------------------------------------------------------------------------
 
+#: One option or positional argument: its names and the keywords of `add_argument`.
+_Option = tuple[tuple[str, ...], dict[str, Any]]
+
+
+def _opt(*names: str, **spec: Any) -> _Option:
+    return names, spec
+
+
+def _add_options(p: argparse.ArgumentParser, options: Sequence[_Option]) -> None:
+    for names, spec in options:
+        p.add_argument(*names, **spec)
+
+
+def _options_parser(
+    options: Sequence[_Option], parents: Sequence[argparse.ArgumentParser] = ()
+) -> argparse.ArgumentParser:
+    """A parser that only carries options, for other parsers to take as a parent."""
+    p = argparse.ArgumentParser(add_help=False, parents=list(parents))
+    _add_options(p, options)
+    return p
+
+
+def _storage(help: str, **spec: Any) -> _Option:
+    return _opt("--storage", metavar="URL", help=help, **spec)
+
+
+def _agent(help: str) -> _Option:
+    return _opt("--agent", type=_module_attr, metavar="MODULE:ATTR", help=help)
+
+
+def _debug(help: str) -> _Option:
+    return _opt("--debug", action="store_true", default=argparse.SUPPRESS, help=help)
+
+
+_THREAD_ID = _opt("thread_id", metavar="ID", help="the thread id")
+_JSON = _opt("--json", action="store_true", help=_JSON_HELP)
+_DEBUG_HELP = "show the traceback of an error"
+_STORAGE_HELP = f"the storage (default: ${STORAGE_ENV} or {DEFAULT_STORAGE})"
+_EXPECT = _opt(
+    "--expect",
+    type=_expected,
+    metavar="VERSION",
+    help="answer only if the thread still waits at this version (or checkpoint id), "
+    "the one `threads pending` showed; else fail and change nothing. Without it, the "
+    "answer applies to the calls this command reads and prints",
+)
+_REJECTED = {"default": "rejected", "metavar": "TEXT"}
+
+_CHAT_OPTIONS = (
+    _opt(
+        "--model",
+        type=model_choice,
+        metavar="MODEL",
+        help=f"provider:model, 'fake', or a FakeModel script file (default: ${MODEL_ENV})",
+    ),
+    _storage(f"where the thread is kept (default: ${STORAGE_ENV} or {DEFAULT_STORAGE})"),
+    _opt(
+        "--thread",
+        metavar="ID",
+        help="the thread to continue or start (default: a new id, printed at the start)",
+    ),
+    _opt("--instructions", metavar="TEXT", help="the agent's instructions"),
+    _opt(
+        "--tools",
+        type=_module_attr,
+        action="append",
+        default=[],
+        metavar="MODULE:ATTR",
+        help="tools to offer: a list of tools, one tool, or an Agent (its tools and approval "
+        "rules), imported from your module (repeatable; the current directory is importable)",
+    ),
+    _opt(
+        "--approve",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="TOOL",
+        help="tools whose calls wait for your approval at the prompt",
+    ),
+    _opt("--actor", metavar="NAME", help="who you are, for the audit trail (default: your login)"),
+)
+
+_WORKER_OPTIONS = (
+    _opt(
+        "--agent",
+        metavar="MODULE:ATTR",
+        action="append",
+        required=True,
+        help="an importable Agent whose threads it serves (repeat for several)",
+    ),
+    _storage(f"the PostgreSQL storage (default: ${STORAGE_ENV}, else the agent's own)"),
+    _opt("--concurrency", type=_positive_int, default=4, help="runs at once (default 4)"),
+    _opt(
+        "--heartbeat",
+        type=_positive_float,
+        default=2.0,
+        help="seconds between heartbeats (default 2)",
+    ),
+    _opt(
+        "--stalled-after",
+        type=_positive_float,
+        default=10.0,
+        help="seconds without a heartbeat after which a worker is taken for dead (default 10)",
+    ),
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The `criogen-graph` argument parser."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--debug",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="show the traceback of an error",
-    )
+    common = _options_parser([_debug(_DEBUG_HELP)])
     parser = argparse.ArgumentParser(
         prog="criogen-graph",
         description="Durable agents on LangGraph: a demo, a terminal chat on saved threads,\n"
@@ -179,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_formatter,
     )
     parser.add_argument("--version", action="version", version=f"criogen-graph {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(sub, common)
     _add_chat(sub, common)
@@ -189,10 +289,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command(
+    sub: Any,
+    name: str,
+    common: argparse.ArgumentParser,
+    options: Sequence[_Option],
+    handler: Callable[[argparse.Namespace], int],
+    **texts: str,
+) -> argparse.ArgumentParser:
+    """The parser of command `name`, run by `handler`, with its help `texts` (help,
+    description, epilog)."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        name, parents=[common], formatter_class=_formatter, **texts
+    )
+    _add_options(p, options)
+    p.set_defaults(handler=handler, command_parser=p)
+    return p
+
+
 def _add_demo(sub: Any, common: argparse.ArgumentParser) -> None:
-    demo = sub.add_parser(
+    _command(
+        sub,
         "demo",
-        parents=[common],
+        common,
+        [
+            _opt("--db", type=Path, default=Path("criogen-demo.db"), help="the SQLite file to use"),
+            _opt("--resume", metavar="THREAD", help=argparse.SUPPRESS),
+        ],
+        cmd_demo,
         help="run the demo: a support agent on SQLite that stops for approval, answered "
         "after a restart",
         description="A support agent on SQLite with tools and an approval gate: the first "
@@ -200,318 +324,218 @@ def _add_demo(sub: Any, common: argparse.ArgumentParser) -> None:
         "provider when a key is set (or CRIOGEN_DEMO_MODEL=provider:model), else a "
         "scripted model.",
         epilog="example:\n  criogen-graph demo --db /tmp/demo.db",
-        formatter_class=_formatter,
     )
-    demo.add_argument(
-        "--db", type=Path, default=Path("criogen-demo.db"), help="the SQLite file to use"
-    )
-    demo.add_argument("--resume", metavar="THREAD", help=argparse.SUPPRESS)
-    demo.set_defaults(handler=cmd_demo, command_parser=demo)
 
 
 def _add_chat(sub: Any, common: argparse.ArgumentParser) -> None:
-    chat = sub.add_parser(
+    _command(
+        sub,
         "chat",
-        parents=[common],
+        common,
+        _CHAT_OPTIONS,
+        cmd_chat,
         help="chat with an agent in the terminal (streamed, with approvals at the prompt)",
         description=_CHAT_DESCRIPTION,
         epilog=_CHAT_EPILOG,
-        formatter_class=_formatter,
     )
-    chat.add_argument(
-        "--model",
-        type=model_choice,
-        metavar="MODEL",
-        help=f"provider:model, 'fake', or a FakeModel script file (default: ${MODEL_ENV})",
-    )
-    chat.add_argument(
-        "--storage",
-        metavar="URL",
-        help=f"where the thread is kept (default: ${STORAGE_ENV} or {DEFAULT_STORAGE})",
-    )
-    chat.add_argument(
-        "--thread",
-        metavar="ID",
-        help="the thread to continue or start (default: a new id, printed at the start)",
-    )
-    chat.add_argument("--instructions", metavar="TEXT", help="the agent's instructions")
-    chat.add_argument(
-        "--tools",
-        type=_module_attr,
-        action="append",
-        default=[],
-        metavar="MODULE:ATTR",
-        help="tools to offer: a list of tools, one tool, or an Agent (its tools and approval "
-        "rules), imported from your module (repeatable; the current directory is importable)",
-    )
-    chat.add_argument(
-        "--approve",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="TOOL",
-        help="tools whose calls wait for your approval at the prompt",
-    )
-    chat.add_argument(
-        "--actor", metavar="NAME", help="who you are, for the audit trail (default: your login)"
-    )
-    chat.set_defaults(handler=cmd_chat, command_parser=chat)
 
 
 class _Actions:
     """Adds the actions of `threads`, each with its help, description and example."""
 
-    def __init__(self, tsub: Any) -> None:
+    def __init__(self, tsub: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
         self.tsub = tsub
+        self.parents = list(parents)
 
-    def add(
-        self, name: str, help: str, parents: Sequence[argparse.ArgumentParser], ex: str
-    ) -> argparse.ArgumentParser:
-        """The parser of action `name`."""
+    def add(self, name: str, help: str, ex: str, options: Sequence[_Option]) -> None:
+        """Adds action `name`, with `options`."""
         p: argparse.ArgumentParser = self.tsub.add_parser(
             name,
-            parents=list(parents),
+            parents=self.parents,
             help=help,
             description=help[0].upper() + help[1:] + ".",
             epilog=("examples:\n  " if "\n" in ex else "example:\n  ") + ex,
             formatter_class=_formatter,
         )
         p.set_defaults(action_parser=p)
-        return p
+        _add_options(p, options)
 
 
 def _add_threads(sub: Any, common: argparse.ArgumentParser) -> None:
-    threads = sub.add_parser(
+    threads = _command(
+        sub,
         "threads",
-        parents=[common],
+        common,
+        [_storage(_STORAGE_HELP)],
+        cmd_threads,
         help="list, read and answer saved threads",
         description=_THREADS_DESCRIPTION,
         epilog=_THREADS_EPILOG,
-        formatter_class=_formatter,
     )
-    threads.add_argument(
-        "--storage",
-        metavar="URL",
-        help=f"the storage (default: ${STORAGE_ENV} or {DEFAULT_STORAGE})",
+    tsub = threads.add_subparsers(dest="action", metavar="ACTION")
+    threads.set_defaults(threads_parser=threads)
+    # Every `threads` action also takes --storage and --debug after its name.
+    shared = _options_parser(
+        [_storage(_STORAGE_HELP, default=argparse.SUPPRESS), _debug("show tracebacks")]
     )
-    actions = _Actions(threads.add_subparsers(dest="action", metavar="ACTION"))
-    threads.set_defaults(handler=cmd_threads, threads_parser=threads)
-    reading, answering = _threads_options()
-    _add_reading(actions, reading)
-    _add_answering(actions, answering)
-    _add_audit(actions, reading)
-
-
-def _threads_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    """The options of the reading actions and of the answering ones (every `threads`
-    action also takes --storage and --debug after its name)."""
-    shared = argparse.ArgumentParser(add_help=False)
-    shared.add_argument(
-        "--storage",
-        metavar="URL",
-        default=argparse.SUPPRESS,
-        help=f"the storage (default: ${STORAGE_ENV} or {DEFAULT_STORAGE})",
+    reading = _options_parser(
+        [_agent("read through this Agent (e.g. for its storage or its encryption key)")],
+        [shared],
     )
-    shared.add_argument(
-        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks"
+    answering = _options_parser(
+        [
+            _agent("the Agent whose model and tools continue the run (required)"),
+            _opt(
+                "--actor",
+                metavar="NAME",
+                help="who answers, for the audit trail (default: your login)",
+            ),
+        ],
+        [shared],
     )
-    reading = argparse.ArgumentParser(add_help=False, parents=[shared])
-    reading.add_argument(
-        "--agent",
-        type=_module_attr,
-        metavar="MODULE:ATTR",
-        help="read through this Agent (e.g. for its storage or its encryption key)",
-    )
-    answering = argparse.ArgumentParser(add_help=False, parents=[shared])
-    answering.add_argument(
-        "--agent",
-        type=_module_attr,
-        metavar="MODULE:ATTR",
-        help="the Agent whose model and tools continue the run (required)",
-    )
-    answering.add_argument(
-        "--actor", metavar="NAME", help="who answers, for the audit trail (default: your login)"
-    )
-    return reading, answering
-
-
-def _add_reading(actions: _Actions, reading: argparse.ArgumentParser) -> None:
-    p = actions.add(
-        "list", "the thread ids, with their status", [reading], "criogen-graph threads list"
-    )
-    p.add_argument("--json", action="store_true", help=_JSON_HELP)
-    p = actions.add(
-        "show", "a thread's messages", [reading], "criogen-graph threads show ticket-42 --json"
-    )
-    p.add_argument("thread_id", metavar="ID", help="the thread id")
-    p.add_argument("--json", action="store_true", help=_JSON_HELP)
-    p = actions.add(
-        "history",
-        "a thread's checkpoints (versions), newest first",
-        [reading],
-        "criogen-graph threads history ticket-42 --limit 5",
-    )
-    p.add_argument("thread_id", metavar="ID", help="the thread id")
-    p.add_argument("--limit", type=_positive_int, default=20, help="how many (default 20)")
-    p.add_argument("--json", action="store_true", help=_JSON_HELP)
-    p = actions.add(
-        "pending",
-        "the calls of a thread waiting for approval (call ids, tools, args)",
-        [reading],
-        "criogen-graph threads pending ticket-42",
-    )
-    p.add_argument("thread_id", metavar="ID", help="the thread id")
-    p.add_argument("--json", action="store_true", help=_JSON_HELP)
-
-
-def _add_audit(actions: _Actions, reading: argparse.ArgumentParser) -> None:
-    p = actions.add(
+    _add_reading(_Actions(tsub, [reading]))
+    _add_answering(_Actions(tsub, [answering]))
+    _Actions(tsub, [reading]).add(
         "audit",
         "audit records (who did what, when), oldest first",
-        [reading],
         "criogen-graph threads audit ticket-42 --limit 50",
-    )
-    p.add_argument("thread_id", metavar="ID", nargs="?", help="one thread (default: all)")
-    p.add_argument("--limit", type=_positive_int, help="only the newest N records")
-    p.add_argument("--json", action="store_true", help=_JSON_HELP)
-
-
-def _expect_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--expect",
-        type=_expected,
-        metavar="VERSION",
-        help="answer only if the thread still waits at this version (or checkpoint id), "
-        "the one `threads pending` showed; else fail and change nothing. Without it, the "
-        "answer applies to the calls this command reads and prints",
+        [
+            _opt("thread_id", metavar="ID", nargs="?", help="one thread (default: all)"),
+            _opt("--limit", type=_positive_int, help="only the newest N records"),
+            _JSON,
+        ],
     )
 
 
-def _add_answering(actions: _Actions, answering: argparse.ArgumentParser) -> None:
-    p = actions.add(
+def _add_reading(actions: _Actions) -> None:
+    actions.add("list", "the thread ids, with their status", "criogen-graph threads list", [_JSON])
+    actions.add(
+        "show",
+        "a thread's messages",
+        "criogen-graph threads show ticket-42 --json",
+        [_THREAD_ID, _JSON],
+    )
+    actions.add(
+        "history",
+        "a thread's checkpoints (versions), newest first",
+        "criogen-graph threads history ticket-42 --limit 5",
+        [
+            _THREAD_ID,
+            _opt("--limit", type=_positive_int, default=20, help="how many (default 20)"),
+            _JSON,
+        ],
+    )
+    actions.add(
+        "pending",
+        "the calls of a thread waiting for approval (call ids, tools, args)",
+        "criogen-graph threads pending ticket-42",
+        [_THREAD_ID, _JSON],
+    )
+
+
+def _add_answering(actions: _Actions) -> None:
+    actions.add(
         "approve",
         "approve the pending calls of a thread and continue its run",
-        [answering],
         "criogen-graph threads approve ticket-42 --agent support:agent --call call_abc",
+        [
+            _THREAD_ID,
+            _opt(
+                "--call",
+                nargs="+",
+                action="extend",
+                default=[],
+                metavar="CALL_ID",
+                help="approve only these calls (every other pending call then needs "
+                "--reject-others)",
+            ),
+            _opt(
+                "--reject-others",
+                action="store_true",
+                help="with --call: reject the pending calls not listed",
+            ),
+            _opt("--reason", help="with --reject-others: what the model is told", **_REJECTED),
+            _EXPECT,
+        ],
     )
-    p.add_argument("thread_id", metavar="ID", help="the thread id")
-    p.add_argument(
-        "--call",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="CALL_ID",
-        help="approve only these calls (every other pending call then needs --reject-others)",
-    )
-    p.add_argument(
-        "--reject-others",
-        action="store_true",
-        help="with --call: reject the pending calls not listed",
-    )
-    p.add_argument(
-        "--reason",
-        default="rejected",
-        metavar="TEXT",
-        help="with --reject-others: what the model is told",
-    )
-    _expect_option(p)
-    p = actions.add(
+    actions.add(
         "reject",
         "reject every pending call of a thread and continue its run",
-        [answering],
         'criogen-graph threads reject ticket-42 --reason "not eligible" --agent support:agent',
+        [_THREAD_ID, _opt("--reason", help="what the model is told", **_REJECTED), _EXPECT],
     )
-    p.add_argument("thread_id", metavar="ID", help="the thread id")
-    p.add_argument("--reason", default="rejected", metavar="TEXT", help="what the model is told")
-    _expect_option(p)
-    p = actions.add(
+    actions.add(
         "decide",
         "answer each pending call (approve, reject, edit, respond) and continue the run",
-        [answering],
         _DECIDE_EXAMPLE,
+        [
+            _THREAD_ID,
+            _opt(
+                "--json",
+                dest="decisions",
+                required=True,
+                type=_decisions,
+                metavar="JSON",
+                help=_DECIDE_HELP,
+            ),
+            _EXPECT,
+        ],
     )
-    p.add_argument("thread_id", metavar="ID", help="the thread id")
-    p.add_argument(
-        "--json",
-        dest="decisions",
-        required=True,
-        type=_decisions,
-        metavar="JSON",
-        help=_DECIDE_HELP,
-    )
-    _expect_option(p)
-    p = actions.add(
+    actions.add(
         "retry",
         "continue a thread's run that failed or was cancelled",
-        [answering],
         "criogen-graph threads retry ticket-42 --agent support:agent",
+        [_THREAD_ID],
     )
-    p.add_argument("thread_id", metavar="ID", help="the thread id")
 
 
 def _add_worker(sub: Any, common: argparse.ArgumentParser) -> None:
-    worker = sub.add_parser(
+    _command(
+        sub,
         "worker",
-        parents=[common],
+        common,
+        _WORKER_OPTIONS,
+        cmd_worker,
         help="run queued background runs (PostgreSQL)",
         description=_WORKER_DESCRIPTION,
         epilog="example:\n  criogen-graph worker --agent support:agent "
         "--storage postgresql://app@db/app --concurrency 8",
-        formatter_class=_formatter,
     )
-    worker.add_argument(
-        "--agent",
-        metavar="MODULE:ATTR",
-        action="append",
-        required=True,
-        help="an importable Agent whose threads it serves (repeat for several)",
-    )
-    worker.add_argument(
-        "--storage",
-        metavar="URL",
-        help=f"the PostgreSQL storage (default: ${STORAGE_ENV}, else the agent's own)",
-    )
-    worker.add_argument(
-        "--concurrency", type=_positive_int, default=4, help="runs at once (default 4)"
-    )
-    worker.add_argument(
-        "--heartbeat",
-        type=_positive_float,
-        default=2.0,
-        help="seconds between heartbeats (default 2)",
-    )
-    worker.add_argument(
-        "--stalled-after",
-        type=_positive_float,
-        default=10.0,
-        help="seconds without a heartbeat after which a worker is taken for dead (default 10)",
-    )
-    worker.set_defaults(handler=cmd_worker)
 
 
 def _add_runs(sub: Any, common: argparse.ArgumentParser) -> None:
-    runs = sub.add_parser(
+    runs = _command(
+        sub,
         "runs",
-        parents=[common],
+        common,
+        [_storage(f"the PostgreSQL storage (default: ${STORAGE_ENV})")],
+        cmd_runs,
         help="list, show and cancel background runs (PostgreSQL)",
         description="The queue of background runs of a PostgreSQL storage.",
         epilog="examples:\n  criogen-graph runs list --status failed\n"
         "  criogen-graph runs show 3f2a...\n  criogen-graph runs cancel 3f2a...",
-        formatter_class=_formatter,
-    )
-    runs.add_argument(
-        "--storage", metavar="URL", help=f"the PostgreSQL storage (default: ${STORAGE_ENV})"
     )
     rsub = runs.add_subparsers(dest="runs_action", metavar="ACTION")
-    runs.set_defaults(handler=cmd_runs, runs_parser=runs)
-    shared = argparse.ArgumentParser(add_help=False)
-    shared.add_argument("--storage", metavar="URL", default=argparse.SUPPRESS)
-    shared.add_argument("--json", action="store_true", help="print JSON")
-    p = rsub.add_parser("list", parents=[shared], help="runs, newest first")
-    p.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "cancelled"])
-    p.add_argument("--thread", metavar="ID", help="only this thread's runs")
-    p.add_argument("--limit", type=_positive_int, default=50, help="at most N (default 50)")
-    p = rsub.add_parser("show", parents=[shared], help="one run: status, attempts, worker, error")
-    p.add_argument("run_id", metavar="RUN_ID")
-    p = rsub.add_parser("cancel", parents=[shared], help="cancel a queued or running run")
-    p.add_argument("run_id", metavar="RUN_ID")
+    runs.set_defaults(runs_parser=runs)
+    shared = [
+        _options_parser(
+            [
+                _opt("--storage", metavar="URL", default=argparse.SUPPRESS),
+                _opt("--json", action="store_true", help="print JSON"),
+            ]
+        )
+    ]
+    run_id = [_opt("run_id", metavar="RUN_ID")]
+    p = rsub.add_parser("list", parents=shared, help="runs, newest first")
+    _add_options(
+        p,
+        [
+            _opt("--status", choices=["queued", "running", "succeeded", "failed", "cancelled"]),
+            _opt("--thread", metavar="ID", help="only this thread's runs"),
+            _opt("--limit", type=_positive_int, default=50, help="at most N (default 50)"),
+        ],
+    )
+    p = rsub.add_parser("show", parents=shared, help="one run: status, attempts, worker, error")
+    _add_options(p, run_id)
+    p = rsub.add_parser("cancel", parents=shared, help="cancel a queued or running run")
+    _add_options(p, run_id)

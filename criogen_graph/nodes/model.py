@@ -324,7 +324,7 @@ class ModelNode:
     ) -> HookAction | None:
         hook_states = run.get("hooks") or {}
         # The hook's own copies (see `HookContext`): it cannot change the run in place.
-        ctx = HookContext.of_run(
+        ctx = HookContext(
             run["run_id"], transcript, run["model_calls"], hook_states.get(name), turn.user_state
         )
         action = await call_run_hook(name, method, fn, ctx)

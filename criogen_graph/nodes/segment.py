@@ -197,7 +197,7 @@ async def run_on_start(
     """The agent's `on_start` hooks, in order; returns the hook states they left."""
     states = dict(hook_states)
     for name, fn in spec.hooks.on_start:
-        ctx = HookContext.of_run(run_id, messages, 0, states.get(name), state)
+        ctx = HookContext(run_id, messages, 0, states.get(name), state)
         action = await call_run_hook(name, "on_start", fn, ctx)
         if action is None:
             continue
@@ -231,7 +231,7 @@ async def run_on_end(
     """The agent's `on_end` hooks, in reverse order. They cannot change the outcome: a
     raise is logged, not raised."""
     for name, fn in spec.hooks.on_end:
-        ctx = HookContext.of_run(run_id, messages, model_calls, hook_states.get(name), state)
+        ctx = HookContext(run_id, messages, model_calls, hook_states.get(name), state)
         try:
             await call_hook(fn, ctx, outcome)
         except asyncio.CancelledError:

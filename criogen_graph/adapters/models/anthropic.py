@@ -15,8 +15,8 @@ from criogen_graph.adapters.models.http import (
     HttpOptions,
     Turns,
     base_url_and_key,
-    parse_args,
     tokens,
+    tool_call,
 )
 from criogen_graph.errors import ModelError, ValidationError
 from criogen_graph.messages import (
@@ -137,18 +137,8 @@ def _usage(raw: Mapping[str, Any]) -> Usage:
 def _call(block: Mapping[str, Any], raw: Any) -> ToolCallData:
     """A transcript tool call from a `tool_use` block and its input (an object, or the
     JSON text a stream delivered)."""
-    if isinstance(raw, dict | str) or raw is None:
-        args, problem = parse_args(raw)
-    else:
-        args, problem = {}, f"the arguments must be a JSON object, got {json.dumps(raw)[:200]}"
-    call: ToolCallData = {
-        "id": block.get("id") or "toolu_" + uuid.uuid4().hex[:24],
-        "name": block.get("name") or "",
-        "args": args,
-    }
-    if problem is not None:
-        call["args_error"] = problem
-    return call
+    call_id = block.get("id") or "toolu_" + uuid.uuid4().hex[:24]
+    return tool_call(call_id, block.get("name") or "", raw)
 
 
 def _reply(
@@ -254,9 +244,7 @@ class AnthropicModel(HttpModel):
             del body["thinking"]
         return body
 
-    async def generate(self, request: ModelRequest) -> ModelResponse:
-        if request.on_text is not None or request.on_reasoning is not None:
-            return await self._stream(request)
+    async def _complete(self, request: ModelRequest) -> ModelResponse:
         data = await self._post(_PATH, self.body(request, stream=False))
         if isinstance(data, dict) and data.get("type") == "error":
             raise self._stream_error(data.get("error"))

@@ -46,8 +46,8 @@ from criogen_graph.adapters.models.http import (
     base_url_and_key,
     classify_status,
     error_message,
-    parse_args,
     tokens,
+    tool_call,
 )
 from criogen_graph.errors import ModelError
 from criogen_graph.messages import AssistantMessage, Message, ToolCallData, ToolStatus, Usage
@@ -330,23 +330,16 @@ def _usage(raw: Mapping[str, Any] | None) -> Usage:
 
 
 def _call(raw: Mapping[str, Any], signature: Any) -> ToolCallData:
-    given = raw.get("args")
-    if given is None or isinstance(given, dict | str):
-        args, problem = parse_args(given)
-    else:
-        args, problem = {}, f"the arguments must be a JSON object, got {json.dumps(given)[:200]}"
     call_id = raw.get("id")
-    call: ToolCallData = {
-        "id": str(call_id) if call_id else "call_" + uuid.uuid4().hex[:24],
-        "name": str(raw.get("name") or ""),
-        "args": args,
-    }
+    call = tool_call(
+        str(call_id) if call_id else "call_" + uuid.uuid4().hex[:24],
+        str(raw.get("name") or ""),
+        raw.get("args"),
+    )
     if call_id:
         call["gemini_id"] = str(call_id)
     if isinstance(signature, str) and signature:
         call["thought_signature"] = signature
-    if problem is not None:
-        call["args_error"] = problem
     return call
 
 
@@ -500,9 +493,7 @@ class GeminiModel(HttpModel):
                 body[key] = value
         return body
 
-    async def generate(self, request: ModelRequest) -> ModelResponse:
-        if request.on_text is not None or request.on_reasoning is not None:
-            return await self._stream(request)
+    async def _complete(self, request: ModelRequest) -> ModelResponse:
         data = await self._post(f"{self._path}:generateContent", self.body(request))
         if not isinstance(data, Mapping):
             raise self._unreadable(f"the response is not an object: {str(data)[:200]}")

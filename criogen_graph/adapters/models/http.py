@@ -13,9 +13,9 @@ from typing import Any, TypedDict
 import httpx
 
 from criogen_graph._retry_after import retry_after_from_headers
-from criogen_graph.adapters.models.base import Model
+from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
 from criogen_graph.errors import ModelError, ValidationError
-from criogen_graph.messages import ModelErrorKind
+from criogen_graph.messages import ModelErrorKind, ToolCallData
 
 _CONTEXT_HINTS = (
     "context length",
@@ -233,6 +233,21 @@ class HttpModel(Model):
         )
         self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
 
+    async def generate(self, request: ModelRequest) -> ModelResponse:
+        # With a text or reasoning callback the answer streams, for them to see it as the
+        # model writes it.
+        if request.on_text is not None or request.on_reasoning is not None:
+            return await self._stream(request)
+        return await self._complete(request)
+
+    async def _complete(self, request: ModelRequest) -> ModelResponse:
+        """The answer to `request` in one response."""
+        raise NotImplementedError
+
+    async def _stream(self, request: ModelRequest) -> ModelResponse:
+        """The answer to `request`, streamed to its callbacks."""
+        raise NotImplementedError
+
     def _client(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
@@ -404,6 +419,20 @@ def parse_args(raw: Any) -> tuple[dict[str, Any], str | None]:
     if not isinstance(value, dict):
         return {}, f"the arguments must be a JSON object, got {str(raw)[:200]!r}"
     return value, None
+
+
+def tool_call(call_id: str, name: str, raw_args: Any) -> ToolCallData:
+    """A transcript tool call with the arguments a provider gave (an object, JSON text or
+    nothing); arguments that are none of these, or not a JSON object, leave `args` empty
+    and say why in `args_error` (the call then fails without running its tool)."""
+    if raw_args is None or isinstance(raw_args, dict | str):
+        args, problem = parse_args(raw_args)
+    else:
+        args, problem = {}, f"the arguments must be a JSON object, got {json.dumps(raw_args)[:200]}"
+    call: ToolCallData = {"id": call_id, "name": name, "args": args}
+    if problem is not None:
+        call["args_error"] = problem
+    return call
 
 
 def _no_constant(name: str) -> Any:

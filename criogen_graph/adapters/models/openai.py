@@ -15,8 +15,8 @@ from criogen_graph.adapters.models.http import (
     HttpOptions,
     api_key_from,
     base_url_and_key,
-    parse_args,
     tokens,
+    tool_call,
 )
 from criogen_graph.errors import ValidationError
 from criogen_graph.messages import (
@@ -108,15 +108,8 @@ def _calls(raw_calls: list[dict[str, Any]]) -> list[ToolCallData]:
     calls = []
     for c in raw_calls:
         fn = c.get("function") or {}
-        args, problem = parse_args(fn.get("arguments"))
-        call: ToolCallData = {
-            "id": c.get("id") or "call_" + uuid.uuid4().hex[:16],
-            "name": fn.get("name") or "",
-            "args": args,
-        }
-        if problem is not None:
-            call["args_error"] = problem
-        calls.append(call)
+        call_id = c.get("id") or "call_" + uuid.uuid4().hex[:16]
+        calls.append(tool_call(call_id, fn.get("name") or "", fn.get("arguments")))
     return calls
 
 
@@ -209,9 +202,7 @@ class OpenAIModel(OpenAIHttpModel):
         body.update(self._extra)
         return body
 
-    async def generate(self, request: ModelRequest) -> ModelResponse:
-        if request.on_text is not None or request.on_reasoning is not None:
-            return await self._stream(request)
+    async def _complete(self, request: ModelRequest) -> ModelResponse:
         data = await self._post(self._path, self.body(request, stream=False), self._params)
         try:
             return self._read(data)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Final, Unpack
 
 from criogen_graph.adapters.models.base import ModelRequest, ModelResponse, wire_call_id
-from criogen_graph.adapters.models.http import HttpOptions, parse_args
+from criogen_graph.adapters.models.http import HttpOptions, tool_call
 from criogen_graph.adapters.models.openai import (
     OpenAIConnection,
     OpenAIHttpModel,
@@ -270,9 +270,7 @@ class OpenAIResponsesModel(OpenAIHttpModel):
         message = str(error.get("message") or code)[:500]
         return self._error(kind, f"the response failed: {code}: {message}")
 
-    async def generate(self, request: ModelRequest) -> ModelResponse:
-        if request.on_text is not None or request.on_reasoning is not None:
-            return await self._stream(request)
+    async def _complete(self, request: ModelRequest) -> ModelResponse:
         data = await self._post(_PATH, self.body(request, stream=False))
         return self._finish(data, None)
 
@@ -332,15 +330,8 @@ class OpenAIResponsesModel(OpenAIHttpModel):
                     elif part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
                         refusal.append(part["refusal"])
             elif kind == "function_call":
-                args, problem = parse_args(item.get("arguments"))
-                call: ToolCallData = {
-                    "id": str(item.get("call_id") or item.get("id") or "call_" + uuid.uuid4().hex),
-                    "name": str(item.get("name") or ""),
-                    "args": args,
-                }
-                if problem is not None:
-                    call["args_error"] = problem
-                calls.append(call)
+                call_id = str(item.get("call_id") or item.get("id") or "call_" + uuid.uuid4().hex)
+                calls.append(tool_call(call_id, str(item.get("name") or ""), item.get("arguments")))
             elif kind == "reasoning" and isinstance(item.get("id"), str):
                 summary = [
                     s["text"]

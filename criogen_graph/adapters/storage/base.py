@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from langgraph.checkpoint.base import BaseCheckpointSaver
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 
 from criogen_graph.redact import CURRENT
 
@@ -366,6 +367,37 @@ class SaverMixin:
             "action": action,
             "details": self.serde.loads_typed((typ, bytes(blob))),
         }
+
+
+def checkpoint_config(thread_id: Any, checkpoint_ns: str, checkpoint_id: Any) -> RunnableConfig:
+    """The config naming one checkpoint of a thread."""
+    return {
+        "configurable": {
+            "thread_id": thread_id,
+            "checkpoint_ns": checkpoint_ns,
+            "checkpoint_id": checkpoint_id,
+        }
+    }
+
+
+def checkpoint_tuple(
+    thread_id: Any,
+    checkpoint_ns: str,
+    checkpoint_id: Any,
+    parent_id: Any,
+    checkpoint: Any,
+    metadata: Any,
+    pending_writes: Any,
+) -> CheckpointTuple:
+    """The `CheckpointTuple` of a checkpoint read from a table, with its parent's config
+    (none for a thread's first checkpoint)."""
+    return CheckpointTuple(
+        checkpoint_config(thread_id, checkpoint_ns, checkpoint_id),
+        checkpoint,
+        metadata,
+        checkpoint_config(thread_id, checkpoint_ns, parent_id) if parent_id else None,
+        pending_writes,
+    )
 
 
 def audit_query(

@@ -18,7 +18,6 @@ from langgraph.checkpoint.base import (
     ChannelVersions,
     Checkpoint,
     CheckpointMetadata,
-    CheckpointTuple,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
@@ -39,6 +38,8 @@ from criogen_graph.adapters.storage.base import (
     audit_query,
     cached_head,
     check_thread_id,
+    checkpoint_config,
+    checkpoint_tuple,
     import_once,
     records_for_put,
     records_for_writes,
@@ -446,13 +447,7 @@ def _saver_class() -> type[Any]:
             parent_id = configurable.get("checkpoint_id")
             copy = checkpoint.copy()
             copy["channel_values"] = copy["channel_values"].copy()
-            next_config: RunnableConfig = {
-                "configurable": {
-                    "thread_id": thread_id,
-                    "checkpoint_ns": checkpoint_ns,
-                    "checkpoint_id": checkpoint["id"],
-                }
-            }
+            next_config = checkpoint_config(thread_id, checkpoint_ns, checkpoint["id"])
             blob_values = {}
             for k, v in checkpoint["channel_values"].items():
                 if isinstance(v, _DeltaSnapshot):
@@ -593,27 +588,13 @@ def _saver_class() -> type[Any]:
                     **self._load_blobs(value["channel_values"]),
                 },
             }
-            return CheckpointTuple(
-                {
-                    "configurable": {
-                        "thread_id": value["thread_id"],
-                        "checkpoint_ns": value["checkpoint_ns"],
-                        "checkpoint_id": value["checkpoint_id"],
-                    }
-                },
+            return checkpoint_tuple(
+                value["thread_id"],
+                value["checkpoint_ns"],
+                value["checkpoint_id"],
+                value["parent_checkpoint_id"],
                 checkpoint,
                 value["metadata"],
-                (
-                    {
-                        "configurable": {
-                            "thread_id": value["thread_id"],
-                            "checkpoint_ns": value["checkpoint_ns"],
-                            "checkpoint_id": value["parent_checkpoint_id"],
-                        }
-                    }
-                    if value["parent_checkpoint_id"]
-                    else None
-                ),
                 self._load_writes(value["pending_writes"]),
             )
 

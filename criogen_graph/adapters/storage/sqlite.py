@@ -53,6 +53,8 @@ from criogen_graph.adapters.storage.base import (
     audit_query,
     cached_head,
     check_thread_id,
+    checkpoint_config,
+    checkpoint_tuple,
     import_once,
     records_for_put,
     records_for_writes,
@@ -185,13 +187,7 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
         meta = json.dumps(get_checkpoint_metadata(config, metadata), ensure_ascii=False).encode(
             "utf-8", "ignore"
         )
-        next_config: RunnableConfig = {
-            "configurable": {
-                "thread_id": thread_id,
-                "checkpoint_ns": checkpoint_ns,
-                "checkpoint_id": checkpoint["id"],
-            }
-        }
+        next_config = checkpoint_config(thread_id, checkpoint_ns, checkpoint["id"])
         audit = self.audit_rows(
             records_for_put(segment_for(thread_id), dict(next_config), metadata)
         )
@@ -304,27 +300,13 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
         if found is None:
             return None
         (tid, cid, parent_id, type_, blob, metadata), pending = found
-        return CheckpointTuple(
-            {
-                "configurable": {
-                    "thread_id": tid,
-                    "checkpoint_ns": checkpoint_ns,
-                    "checkpoint_id": cid,
-                }
-            },
+        return checkpoint_tuple(
+            tid,
+            checkpoint_ns,
+            cid,
+            parent_id,
             self.serde.loads_typed((type_, blob)),
             cast(CheckpointMetadata, json.loads(metadata) if metadata is not None else {}),
-            (
-                {
-                    "configurable": {
-                        "thread_id": tid,
-                        "checkpoint_ns": checkpoint_ns,
-                        "checkpoint_id": parent_id,
-                    }
-                }
-                if parent_id
-                else None
-            ),
             load_pending_writes(pending, self.serde),
         )
 
