@@ -1,13 +1,7 @@
-"""The version of criogen-graph: the installed distribution's, else the source tree's."""
-
-from __future__ import annotations
-
-from importlib.metadata import PackageNotFoundError, version
+"""The version of criogen-graph. Written out (kept equal to pyproject.toml's by
+tests/test_cli.py::test_version): reading the installed distribution's metadata would add
+a scan of site-packages to every `import criogen_graph`."""
 
 __all__ = ["__version__"]
 
-try:
-    __version__: str = version("criogen-graph")
-except PackageNotFoundError:
-    # Run from a source tree that was never installed: keep in step with pyproject.toml.
-    __version__ = "0.1.0"
+__version__ = "0.1.0"
