@@ -186,3 +186,23 @@ def our_agent_async_tool(storage: Any = None, **options: Any) -> Any:
         return "done"
 
     return Agent(FunctionModel(script), tools=[echo], storage=storage, **options)
+
+
+async def baseline_pg_saver(url: str) -> tuple[Any, Any]:
+    """LangGraph's `AsyncPostgresSaver` on a pool of 10 (as its docs set it up), set up:
+    the baseline's PostgreSQL saver, and its pool to close."""
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from psycopg.rows import dict_row
+    from psycopg_pool import AsyncConnectionPool
+
+    pool = AsyncConnectionPool(
+        url,
+        min_size=1,
+        max_size=10,
+        open=False,
+        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+    )
+    await pool.open()
+    saver = AsyncPostgresSaver(pool)
+    await saver.setup()
+    return saver, pool

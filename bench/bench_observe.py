@@ -107,7 +107,58 @@ async def measure(
     return {k: statistics.median(v) for k, v in per_block.items()}
 
 
-class _Bypass:
+def noop_handlers() -> dict[str, Any]:
+    """Callback handlers that do nothing, by how LangChain dispatches to them."""
+    from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
+
+    class NoOp(BaseCallbackHandler):
+        """Does nothing with what it is told (under `ainvoke`, LangChain runs a sync
+        handler's methods in a worker thread)."""
+
+    class AsyncNoOp(AsyncCallbackHandler):
+        """The same, async (run on the event loop)."""
+
+    class IgnoringNoOp(BaseCallbackHandler):
+        """Wants chain (node) runs only."""
+
+        ignore_llm = True
+        ignore_chat_model = True
+        ignore_agent = True
+
+    class ListeningNoOp(BaseCallbackHandler):
+        """Overrides every method it is told of, and does nothing in them: what a
+        handler that looks at the runs (a tracer) costs, without its own work."""
+
+        def on_chain_start(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_chain_end(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_llm_new_token(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_llm_end(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_tool_start(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def on_tool_end(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    return {
+        "no-op": NoOp,
+        "async no-op": AsyncNoOp,
+        "ignoring no-op": IgnoringNoOp,
+        "listening no-op": ListeningNoOp,
+    }
+
+
+class Bypass:
     """Our nodes with no LangChain-callback reporting at all (the model and tool calls
     awaited directly), while entered: the baseline for what checking for callbacks costs,
     and, with a handler, what LangGraph's own node runs cost alone."""
@@ -152,41 +203,17 @@ def main() -> None:
         "of the wall clock: steadier on a shared machine",
     )
     args = ap.parse_args()
-    from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
     from criogen_graph import Redactor, Telemetry
 
-    class NoOp(BaseCallbackHandler):
-        """A handler that does nothing with what it is told (LangChain runs a sync
-        handler's methods in a worker thread under `ainvoke`)."""
-
-    class AsyncNoOp(AsyncCallbackHandler):
-        """The same, async (run on the event loop)."""
-
-    class Listening(BaseCallbackHandler):
-        """Overrides the methods of node, chat-model and tool runs, and does nothing in
-        them: what a handler that looks at every run (a tracer) costs, without its own
-        work. (A handler that overrides none of a run's methods is left out of it.)"""
-
-        def on_chain_start(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def on_chain_end(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def on_llm_end(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def on_tool_start(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def on_tool_end(self, *args: Any, **kwargs: Any) -> None:
-            pass
+    handlers = noop_handlers()
+    NoOp, AsyncNoOp, Listening = (
+        handlers["no-op"],
+        handlers["async no-op"],
+        handlers["listening no-op"],
+    )
 
     print("# machine:", json.dumps(machine()))
     with loopback_server() as base:
@@ -217,7 +244,7 @@ def main() -> None:
             return run, end
 
         variants = {k: variant(a, t) for k, (a, t) in agents.items()}
-        bypass = _Bypass()
+        bypass = Bypass()
         graph = plain.graph
         start = {"messages": [{"role": "user", "content": USER}]}
         no_op = {"callbacks": [NoOp()]}

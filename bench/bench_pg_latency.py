@@ -32,7 +32,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from _common import interleaved, lc_echo, machine, our_agent, scripted_chat_model  # noqa: E402
+from _common import baseline_pg_saver, interleaved, lc_echo, machine, our_agent, scripted_chat_model  # noqa: E402
 
 from tests.pg_proxy import PgProxy  # noqa: E402
 
@@ -47,9 +47,6 @@ async def variants(url: str) -> tuple[dict[str, Callable[[], Awaitable[None]]], 
     """Both sides on `url` (the proxy), and a closer."""
     from langchain.agents import create_agent
     from langchain_core.messages import HumanMessage
-    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-    from psycopg.rows import dict_row
-    from psycopg_pool import AsyncConnectionPool
 
     from criogen_graph import Storage
 
@@ -61,16 +58,7 @@ async def variants(url: str) -> tuple[dict[str, Callable[[], Awaitable[None]]], 
         reply = await agent.thread(uuid.uuid4().hex).send("go")
         assert reply.text == "done"
 
-    pool = AsyncConnectionPool(
-        url,
-        min_size=1,
-        max_size=10,
-        open=False,
-        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
-    )
-    await pool.open()
-    saver = AsyncPostgresSaver(pool)
-    await saver.setup()
+    saver, pool = await baseline_pg_saver(url)
     graph = create_agent(scripted_chat_model(), [lc_echo()], checkpointer=saver)
 
     async def base() -> None:

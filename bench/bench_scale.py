@@ -45,7 +45,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import lc_echo, machine, our_agent, scripted_chat_model
+from _common import baseline_pg_saver, lc_echo, machine, our_agent, scripted_chat_model
 
 PG_DEFAULT = os.environ.get(
     "CRIOGEN_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -166,20 +166,8 @@ async def worker_async(kind: str, pg: str, threads: int, concurrency: int) -> di
         close: Callable[[], Awaitable[None]] = storage.close
     else:
         from langchain_core.messages import HumanMessage
-        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-        from psycopg.rows import dict_row
-        from psycopg_pool import AsyncConnectionPool
 
-        pool = AsyncConnectionPool(
-            pg,
-            min_size=1,
-            max_size=10,
-            open=False,
-            kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
-        )
-        await pool.open()
-        saver = AsyncPostgresSaver(pool)
-        await saver.setup()
+        saver, pool = await baseline_pg_saver(pg)
         graph = lc_graph(saver)
 
         async def send() -> None:
@@ -364,22 +352,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
     # -- concurrent threads on PostgreSQL -------------------------------------------------
     if args.pg:
-        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-        from psycopg.rows import dict_row
-        from psycopg_pool import AsyncConnectionPool
-
         ours_pg = Storage(args.pg, max_connections=10)
         await ours_pg.open()
-        pool = AsyncConnectionPool(
-            args.pg,
-            min_size=1,
-            max_size=10,
-            open=False,
-            kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
-        )
-        await pool.open()
-        lc_pg = AsyncPostgresSaver(pool)
-        await lc_pg.setup()
+        lc_pg, pool = await baseline_pg_saver(args.pg)
         lc_pg_graph = lc_graph(lc_pg)
         result["concurrent_threads_postgres"] = await wall_and_peak(
             {

@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import (
+    baseline_pg_saver,
     interleaved,
     lc_echo,
     machine,
@@ -113,10 +114,6 @@ async def per_turn(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     variants["create_agent AsyncSqliteSaver (ainvoke)"] = lc_async_run
 
     if args.pg:
-        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-        from psycopg.rows import dict_row
-        from psycopg_pool import AsyncConnectionPool
-
         ours_pg = Storage(args.pg)
         await ours_pg.open()
         closers.append(ours_pg.close)
@@ -126,17 +123,8 @@ async def per_turn(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             reply = await pg_agent.thread(uuid.uuid4().hex).send("go")
             assert reply.text == "done"
 
-        pool = AsyncConnectionPool(
-            args.pg,
-            min_size=1,
-            max_size=10,
-            open=False,
-            kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
-        )
-        await pool.open()
+        pg_saver, pool = await baseline_pg_saver(args.pg)
         closers.append(pool.close)
-        pg_saver = AsyncPostgresSaver(pool)
-        await pg_saver.setup()
         lc_pg = create_agent(scripted_chat_model(), [lc_echo()], checkpointer=pg_saver)
 
         async def lc_pg_run() -> None:

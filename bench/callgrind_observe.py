@@ -55,97 +55,16 @@ VARIANTS = [
 ]
 
 
-def _handlers() -> dict[str, Any]:
-    from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
-
-    class NoOp(BaseCallbackHandler):
-        """Does nothing with what it is told (under `ainvoke`, LangChain runs a sync
-        handler's methods in a worker thread)."""
-
-    class AsyncNoOp(AsyncCallbackHandler):
-        """The same, async (run on the event loop)."""
-
-    class IgnoringNoOp(BaseCallbackHandler):
-        """Wants chain (node) runs only."""
-
-        ignore_llm = True
-        ignore_chat_model = True
-        ignore_agent = True
-
-    class ListeningNoOp(BaseCallbackHandler):
-        """Overrides every method it is told of, and does nothing in them: what a
-        handler that looks at the runs (a tracer) costs, without its own work."""
-
-        def on_chain_start(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def on_chain_end(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def on_llm_new_token(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def on_llm_end(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def on_tool_start(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def on_tool_end(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-    return {
-        "no-op": NoOp,
-        "async no-op": AsyncNoOp,
-        "ignoring no-op": IgnoringNoOp,
-        "listening no-op": ListeningNoOp,
-    }
-
-
-class _NodesOnly:
-    """While entered, our nodes await their model and tool calls without reporting them
-    and stream text without passing it on (LangGraph's node runs are still reported)."""
-
-    def __init__(self) -> None:
-        import importlib
-        import pkgutil
-
-        import criogen_graph.nodes
-        from criogen_graph import _callbacks
-
-        self.patched: list[tuple[Any, str, Any]] = []
-        for info in pkgutil.iter_modules(criogen_graph.nodes.__path__):
-            module = importlib.import_module(f"criogen_graph.nodes.{info.name}")
-            for name in ("report_chat", "report_tool", "token_sink"):
-                if getattr(module, name, None) is getattr(_callbacks, name, False):
-                    self.patched.append((module, name, getattr(module, name)))
-        assert {n for _, n, _ in self.patched} >= {"report_chat", "report_tool"}
-
-    def __enter__(self) -> None:
-        for module, name, _ in self.patched:
-            if name == "token_sink":
-                setattr(module, name, lambda sink: sink)
-            else:
-                setattr(module, name, lambda spec, x, call, *a, **k: call)
-
-    def __exit__(self, *exc: Any) -> None:
-        for module, name, saved in self.patched:
-            setattr(module, name, saved)
-
-
 def child(variants: list[str], runs: int, warmup: int) -> None:
     """Run each variant `warmup` times, then `runs` times between two markers."""
     import contextlib
     import ctypes
 
     from _common import lc_echo, scripted_chat_model
-    from bench_observe import USER, make_agent
+    from bench_observe import USER, Bypass, make_agent, noop_handlers
 
     marker = ctypes.CDLL(None).getpid  # any C function: callgrind dumps at ffi_call
-    handlers = _handlers()
+    handlers = noop_handlers()
     start = {"messages": [{"role": "user", "content": USER}]}
 
     async def go() -> None:
@@ -160,7 +79,7 @@ def child(variants: list[str], runs: int, warmup: int) -> None:
             if (kind and kind not in handlers) or only not in ("", "nodes only"):
                 raise SystemExit(f"unknown variant {variant!r}")
             config: dict[str, Any] = {"callbacks": [handlers[kind]()]} if kind else {}
-            with _NodesOnly() if only else contextlib.nullcontext():
+            with Bypass() if only else contextlib.nullcontext():
                 for _ in range(warmup):
                     await graph.ainvoke(start, config)
                 marker()

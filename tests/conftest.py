@@ -9,12 +9,15 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from criogen_graph import Storage
 from tests.servers.openai_server import OpenAIServer
+
+if TYPE_CHECKING:
+    from tests.servers.otlp_receiver import OtlpReceiver
 
 PG_URL = os.environ.get("CRIOGEN_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,3 +132,14 @@ def spawn(scenario: str, url: str, thread_id: str, workdir: Path) -> subprocess.
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+@pytest.fixture
+def rx() -> Iterator[OtlpReceiver]:
+    """A loopback OTLP receiver; every exporter made for it is stopped before it goes."""
+    from tests.servers.otlp_receiver import OtlpReceiver
+
+    with OtlpReceiver() as receiver:
+        yield receiver
+        for telemetry in receiver.users:
+            telemetry.shutdown()

@@ -88,3 +88,16 @@ def test_no_module_imports_another_modules_private_names() -> None:
         hit for path in sorted(PACKAGE.rglob("*.py")) for hit in _imports_of_private_names(path)
     ]
     assert found == []
+
+
+@pytest.mark.parametrize("module", ["thread.py", "_runner.py", "background.py"])
+def test_the_runner_and_threads_reach_no_private_attribute(module: str) -> None:
+    reaches = [
+        f"{module}:{node.lineno} {ast.unparse(node)}"
+        for node in ast.walk(ast.parse((PACKAGE / module).read_text()))
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+    ]
+    assert reaches == []

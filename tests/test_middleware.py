@@ -5,6 +5,7 @@ fallbacks seen as one call; streaming without repeated text; telemetry still rec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from criogen_graph import (
     ModelError,
     Retry,
     Storage,
+    ToolContext,
     tool,
 )
 from criogen_graph.adapters.models.base import ModelResponse
@@ -327,3 +329,50 @@ async def test_changing_the_request_in_place_does_not_change_the_thread() -> Non
     await thread.send("first")
     await thread.send("second")
     assert [m["content"] for m in await thread.messages()] == ["first", "a", "second", "b"]
+
+
+async def test_cancelled_at_every_iteration_around_model_middleware(tmp_path: Path) -> None:
+    """A send cancelled k event-loop iterations in (k = 0..40), while a model middleware
+    awaits before and after its handler: the thread is saved, `retry()` finishes it, and
+    the tool that ran never runs again."""
+    paid: dict[str, int] = {}
+
+    @tool
+    def pay(amount: int, ctx: ToolContext) -> str:
+        """Pay an amount."""
+        paid[ctx.thread_id or ""] = paid.get(ctx.thread_id or "", 0) + 1
+        return "paid"
+
+    @model_middleware
+    async def slow(call: ModelCall, handler: ModelHandler) -> ModelResponse:
+        for _ in range(3):
+            await asyncio.sleep(0)
+        response = await handler(call)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return response
+
+    def answer(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        if any(m["role"] == "tool" for m in messages[-1:]):
+            return "done"
+        return FakeReply.tool_call("pay", {"amount": 5})
+
+    storage = Storage(f"sqlite:///{tmp_path / 'k.db'}")
+    agent = Agent(FunctionModel(answer), tools=[pay], middleware=[slow], storage=storage)
+    for k in range(41):
+        thread = agent.thread(f"k{k}")
+        task = asyncio.create_task(thread.send("pay"))
+        for _ in range(k):
+            await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        messages = await thread.messages()
+        if not messages:
+            await thread.send("pay")  # cancelled before anything was saved
+        elif messages[-1].get("content") != "done":
+            await thread.retry()
+        final = [m.get("content") for m in await thread.messages()]
+        assert final[-1] == "done", f"k={k}: {final}"
+        assert paid[f"k{k}"] == 1, f"k={k}: paid {paid[f'k{k}']} times"
+    await storage.close()

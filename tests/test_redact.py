@@ -7,7 +7,6 @@ import itertools
 import logging
 import re
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -224,14 +223,6 @@ SECRETS = [EMAIL, "jane.doe", CARD, KEY, "Zx81bQ9", PHONE, "7946 0958", IBAN, "0
 
 def leaks(text: str) -> list[str]:
     return [s for s in SECRETS if s in text]
-
-
-@pytest.fixture
-def rx() -> Iterator[OtlpReceiver]:
-    with OtlpReceiver() as receiver:
-        yield receiver
-        for telemetry in receiver.users:
-            telemetry.shutdown()
 
 
 class Watch(Hook):

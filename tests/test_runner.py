@@ -4,15 +4,12 @@ hooks, the run's span)."""
 
 from __future__ import annotations
 
-import ast
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import criogen_graph
 from criogen_graph import (
     Agent,
     FakeModel,
@@ -26,14 +23,6 @@ from criogen_graph import (
 )
 from criogen_graph.results import outcome
 from tests.servers.otlp_receiver import OtlpReceiver
-
-
-@pytest.fixture
-def rx() -> Iterator[OtlpReceiver]:
-    with OtlpReceiver() as receiver:
-        yield receiver
-        for telemetry in receiver.users:
-            telemetry.shutdown()
 
 
 @tool
@@ -122,49 +111,3 @@ def test_the_outcome_rule() -> None:
     assert outcome(None, waiting=True) == "suspended"
     assert outcome("final_answer", error=True) == "failed"
     assert outcome(None, waiting=True, error=True) == "failed"
-
-
-PACKAGE = Path(criogen_graph.__file__).parent
-
-
-def _is_module(package: str, name: str) -> bool:
-    folder = PACKAGE.parent.joinpath(*package.split("."))
-    return (folder / f"{name}.py").exists() or (folder / name / "__init__.py").exists()
-
-
-def _private_imports() -> list[str]:
-    found: list[str] = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(
-                "criogen_graph"
-            ):
-                continue
-            module = node.module or ""
-            found.extend(
-                f"{path.relative_to(PACKAGE)}:{node.lineno} {module} {a.name}"
-                for a in node.names
-                if a.name.startswith("_")
-                and not a.name.startswith("__")
-                and not _is_module(module, a.name)
-            )
-    return found
-
-
-def test_no_module_imports_another_modules_private_name() -> None:
-    # Private modules (`criogen_graph._runner`) are the package's own; a `_name` inside
-    # another module is not.
-    assert _private_imports() == []
-
-
-@pytest.mark.parametrize("module", ["thread.py", "_runner.py", "background.py"])
-def test_the_runner_and_threads_reach_no_private_attribute(module: str) -> None:
-    reaches = [
-        f"{module}:{node.lineno} {ast.unparse(node)}"
-        for node in ast.walk(ast.parse((PACKAGE / module).read_text()))
-        if isinstance(node, ast.Attribute)
-        and node.attr.startswith("_")
-        and not node.attr.startswith("__")
-        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
-    ]
-    assert reaches == []

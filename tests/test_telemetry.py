@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +23,6 @@ from criogen_graph import (
     tool,
 )
 from tests.servers.otlp_receiver import OtlpReceiver, SpanRecord
-
-
-@pytest.fixture
-def rx() -> Iterator[OtlpReceiver]:
-    with OtlpReceiver() as receiver:
-        yield receiver
-        # Stop every exporter made for this receiver before it goes away.
-        for telemetry in receiver.users:
-            telemetry.shutdown()
 
 
 def otlp(rx: OtlpReceiver, **kw: Any) -> Telemetry:

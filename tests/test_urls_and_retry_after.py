@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 import socket
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from email.utils import format_datetime
 
@@ -149,14 +148,6 @@ def test_mcp_and_telemetry_refuse_a_bad_url_without_showing_its_secret() -> None
         Telemetry.otlp("grpc://user:hunter2@collector:4317")
     assert "grpc://user:***@collector:4317" in str(info.value)
     assert "hunter2" not in str(info.value)
-
-
-@pytest.fixture
-def rx() -> Iterator[OtlpReceiver]:
-    with OtlpReceiver() as receiver:
-        yield receiver
-        for telemetry in receiver.users:
-            telemetry.shutdown()
 
 
 async def test_otlp_logs_and_repr_show_the_endpoint_masked(

@@ -88,11 +88,13 @@ async def _generate(call: ModelCall) -> ModelResponse:
     step = STEP.get()
     model = call.model
     request = call.request
-    request = dataclasses.replace(
-        request,
-        on_text=step.text.attempt(request.on_text),
-        on_reasoning=step.reasoning.attempt(request.on_reasoning),
-    )
+    if request.on_text is not None or request.on_reasoning is not None:
+        # Only a streamed call has sinks to wrap; an unstreamed one is passed as it is.
+        request = dataclasses.replace(
+            request,
+            on_text=step.text.attempt(request.on_text),
+            on_reasoning=step.reasoning.attempt(request.on_reasoning),
+        )
     try:
         response = await model.generate(request)
     except ModelError as err:
