@@ -212,6 +212,10 @@ class PgProxy:
         """Client sends that followed a receive, over every connection, since `reset()`."""
         return int(self._shared.round_trips.value)
 
+    def connections(self) -> int:
+        """Connections the proxy has accepted since it started."""
+        return int(self._shared.connections.value)
+
     def mean_delay_ms(self) -> float:
         """The mean delay each packet actually got since `reset()` (on a busy machine the
         proxy wakes up late), for turning a slope into round trips."""

@@ -8,10 +8,12 @@ tool's result saved as it exists, and the last checkpoint saved with the lock's 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 import pytest_asyncio
 
@@ -89,3 +91,100 @@ async def test_a_send_on_a_thread_with_history_costs_four_round_trips(
     assert sum(m["role"] == "tool" for m in messages) == 5
     audit = await storage.audit(tid)
     assert sum(r["action"] == "tool_call" for r in audit) == 5
+
+
+async def test_statements_of_new_shapes_cost_no_extra_round_trip(proxy: PgProxy) -> None:
+    """A write's SQL text changes with its number of rows (messages, tool calls, audit
+    records), so a real deployment keeps meeting texts its connections have not seen,
+    on fresh connections too. A statement psycopg prepares costs a round trip of its
+    own the first time a connection sees its text; ours are sent unprepared."""
+
+    @tool
+    def echo(text: str) -> str:
+        """Echo the text back."""
+        return text
+
+    state = {"i": 0}
+
+    def script(messages: Any, tools: Any) -> Any:
+        # Send k answers with k tool calls (a new shape each time), then "done".
+        last = messages[-1]
+        if last["role"] == "user":
+            k = int(last["content"])
+            return FakeReply(
+                tool_calls=[
+                    {"name": "echo", "args": {"text": "x" * i}, "id": f"c{state['i']}_{i}"}
+                    for i in range(k)
+                ]
+            )
+        state["i"] += 1
+        return "done"
+
+    proxy.reset()
+    conn = await psycopg.AsyncConnection.connect(proxy.url)
+    per_connection = proxy.round_trips()
+    await conn.close()
+    storage = Storage(proxy.url)
+    await storage.open()  # a fresh pool: none of its connections has seen a statement
+    try:
+        agent = Agent(FunctionModel(script), tools=[echo], storage=storage)
+        # Five tools at once open the pool's connections (connecting costs round trips
+        # of its own, once), with statements of other shapes than the ones measured.
+        assert (await agent.thread(uuid.uuid4().hex).send("5")).text == "done"
+        for k in (1, 2, 3, 4):
+            tid = uuid.uuid4().hex
+            proxy.reset()
+            opened = proxy.connections()
+            reply = await agent.thread(tid).send(str(k))
+            assert reply.text == "done"
+            # The lock and head, the tool calls, each tool's result, the answer (and
+            # the connections the pool opened meanwhile to run the tools' writes).
+            expected = 3 + k + (proxy.connections() - opened) * per_connection
+            assert proxy.round_trips() <= expected, (k, proxy.round_trips())
+    finally:
+        await storage.close()
+
+
+@pytest.mark.parametrize("k", range(6))
+async def test_a_cancel_while_the_held_back_input_is_being_saved_keeps_it(
+    proxy: PgProxy, storage: Storage, k: int
+) -> None:
+    """The model takes longer than `HOLD_BACK_SECS`, so the input goes in on its own while
+    the model runs; the send is cancelled k event-loop iterations after that write left
+    (it is in flight: the proxy holds each packet 20 ms). The caller gets its
+    CancelledError, the message is saved once, the lock is free and retry() answers."""
+    model_started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def script(messages: Any, tools: Any) -> Any:
+        model_started.set()
+        await release.wait()
+        return "answered"
+
+    agent = Agent(FunctionModel(script), storage=storage)
+    thread = agent.thread(uuid.uuid4().hex)
+    task = asyncio.create_task(thread.send("hello"))
+    await model_started.wait()
+    proxy.set_delay_ms(20.0)
+    try:
+        before = proxy.round_trips()
+        deadline = asyncio.get_running_loop().time() + 10
+        while proxy.round_trips() == before:  # the held-back input leaves
+            assert asyncio.get_running_loop().time() < deadline, "the input was never saved"
+            await asyncio.sleep(0.001)
+        for _ in range(k):
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        proxy.set_delay_ms(0.0)
+    messages = await thread.messages()
+    assert [(m["role"], m["content"]) for m in messages] == [("user", "hello")]
+    release.set()
+    fresh = Storage(storage.url, on_busy="fail")  # another process would find it free
+    try:
+        reply = await Agent(FunctionModel(script), storage=fresh).thread(thread.id).retry()
+    finally:
+        await fresh.close()
+    assert reply.text == "answered"

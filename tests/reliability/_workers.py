@@ -325,3 +325,27 @@ def finish_child(url: str, thread_id: str, workdir: str, out: Any) -> None:
         out.put(asyncio.run(finish_approved(url, thread_id, Path(workdir))))
     except BaseException as exc:
         out.put(f"error: {type(exc).__name__}: {exc}")
+
+
+async def _stuck_in_first_call(url: str, thread_id: str, started: Any) -> None:
+    storage = Storage(url)
+    try:
+        await storage.open()
+
+        async def script(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+            started.set()
+            await asyncio.Event().wait()  # never answers: the parent kills the process
+
+        await (
+            Agent(FunctionModel(script), storage=storage)
+            .thread(thread_id)
+            .send("my order 1234 never arrived")
+        )
+    finally:
+        await storage.close()
+
+
+def stuck_in_first_call(url: str, thread_id: str, started: Any) -> None:
+    """Child: send a message to a model that never answers (the parent kills it while
+    the model call runs)."""
+    asyncio.run(_stuck_in_first_call(url, thread_id, started))

@@ -54,6 +54,10 @@ class Segment:
     writing: set[asyncio.Future[Any]] = field(default_factory=set)
     #: Set once the segment settled (see `Backend.settle`): it writes nothing more.
     closed: bool = False
+    #: A saver that holds writes back: the timer that saves them if no write of the run
+    #: comes first (see `HOLD_BACK_SECS`), and that save while it is in flight.
+    behind: asyncio.TimerHandle | None = None
+    flushing: asyncio.Future[None] | None = None
 
 
 #: The tasks whose writes a saver may hold back until the checkpoint that closes their
@@ -62,6 +66,13 @@ class Segment:
 #: as a crash just before the write would. Tool results (and interrupts) are always
 #: saved the moment their task finishes, so a finished tool call is never run again.
 DEFERRABLE_TASKS = frozenset({"~__pregel_pull, __start__", "~__pregel_pull, model"})
+
+#: The longest a write may be held back before it is saved on its own. What waits is a
+#: send's input (the user's message) while the first model call runs, and a run's last
+#: checkpoint until its lock is given back: a model that answers within this time costs
+#: no round trip of its own, and a real model call (hundreds of milliseconds) finds the
+#: input saved long before it answers, so a process killed during it keeps the message.
+HOLD_BACK_SECS = 0.05
 
 
 SEGMENT: contextvars.ContextVar[Segment | None] = contextvars.ContextVar(

@@ -27,6 +27,7 @@ from criogen_graph._urls import mask_url
 from criogen_graph.adapters.storage.base import (
     DEFERRABLE_TASKS,
     ENCRYPTION_CLAIM,
+    HOLD_BACK_SECS,
     LEGACY_KEY_CHECK,
     UNENCRYPTED,
     Backend,
@@ -228,20 +229,26 @@ def _statement(
     thread's session lock key; the statement must run on the session holding it), the
     statement gives the lock back once every insert is done, so a failed insert leaves
     it held; a process taking the lock in between finds the thread's write lock still
-    held by this statement's fence until it commits, so it sees the thread busy."""
+    held by this statement's fence until it commits, so it sees the thread busy.
+
+    Placeholders are PostgreSQL's own (`$1`...), for `execute_raw`."""
     params: list[Any] = []
+
+    def slots(values: Sequence[Any]) -> str:
+        start = len(params) + 1
+        params.extend(values)
+        return ", ".join(f"${i}" for i in range(start, len(params) + 1))
 
     def insert(part: Insert) -> str:
         table, conflict, rows = part
-        row = "(" + ", ".join(["%s"] * len(rows[0])) + ")"
-        for r in rows:
-            params.extend(r)
+        values = ", ".join(f"({slots(r)})" for r in rows)
         returning = " RETURNING 1" if release is not None else ""
-        return f"INSERT INTO {table} VALUES {', '.join([row] * len(rows))} {conflict}{returning}"
+        return f"INSERT INTO {table} VALUES {values} {conflict}{returning}"
 
     if fence is not None:
-        params.extend((fence[0], fence[1], write_key(fence[0])))
-        withs = ["f AS (SELECT criogen_fence(%s, %s, %s) AS ok)"]
+        withs = [
+            f"f AS (SELECT criogen_fence({slots((fence[0], fence[1], write_key(fence[0])))}) AS ok)"
+        ]
         names = []
         for i, part in enumerate((main, *ctes)):
             if part[2]:
@@ -251,15 +258,28 @@ def _statement(
             return f"WITH {', '.join(withs)} SELECT ok FROM f", params
         # Reading every insert's rows before the projection makes the unlock run
         # only after all of them succeeded.
-        params.append(release)
         joins = "".join(f", (SELECT count(*) FROM {n}) AS n{n}" for n in names)
         return (
-            f"WITH {', '.join(withs)} SELECT ok, pg_advisory_unlock(%s) AS released FROM f{joins}",
+            f"WITH {', '.join(withs)} SELECT ok, pg_advisory_unlock({slots((release,))}) "
+            f"AS released FROM f{joins}",
             params,
         )
     withs = [f"c{i} AS ({insert(part)})" for i, part in enumerate(ctes) if part[2]]
     body = insert(main)
     return (f"WITH {', '.join(withs)} {body}" if withs else body), params
+
+
+async def execute_raw(conn: Any, sql: str, params: Sequence[Any]) -> Any:
+    """Run `sql` (with `$n` placeholders) on `conn` and return its cursor. Our writes are
+    statements whose text changes with their number of rows: psycopg would parse each
+    one again on the client (it caches only short ones with few parameters) and prepare
+    each new text on each connection with a round trip of its own, so they go unprepared
+    (parse, bind and execute in one message flight) through a raw cursor."""
+    import psycopg
+
+    cur = psycopg.AsyncRawCursor(conn)
+    await cur.execute(sql, params, prepare=False, binary=True)
+    return cur
 
 
 def _delete_statement(thread_id: str, *, audit: bool, epoch: int | None) -> tuple[str, list[Any]]:
@@ -376,6 +396,49 @@ def _saver_class() -> type[Any]:
                     raise lock_lost(str(thread_id)) from None
                 raise
 
+        def hold_back(self, seg: Segment, parts: Sequence[Insert]) -> None:
+            """Keep `parts` for the run's next write, and save them on their own if none
+            comes within `HOLD_BACK_SECS`."""
+            seg.deferred.extend(parts)
+            if seg.behind is None and seg.flushing is None:
+                seg.behind = asyncio.get_running_loop().call_later(
+                    HOLD_BACK_SECS, self._write_behind, seg
+                )
+
+        def _write_behind(self, seg: Segment) -> None:
+            seg.behind = None
+            if seg.closed or seg.flushing is not None or not any(p[2] for p in seg.deferred):
+                return
+            parts, seg.deferred = seg.deferred, []
+            task = asyncio.ensure_future(self._write_held(seg, parts))
+            seg.flushing = task
+            seg.writing.add(task)
+            task.add_done_callback(seg.writing.discard)
+
+        async def _write_held(self, seg: Segment, parts: list[Insert]) -> None:
+            try:
+                await self._write(parts, seg.thread_id)
+            except BaseException:
+                # Kept for the run's failure record (`Backend.settle`), which tries again.
+                seg.deferred[:0] = parts
+                raise
+
+        async def behind(self, seg: Segment | None) -> None:
+            """Before a write of `seg`: stop its timer, and let the held-back writes it
+            started saving land first (their failure is the write's own)."""
+            if seg is None:
+                return
+            if seg.behind is not None:
+                seg.behind.cancel()
+                seg.behind = None
+            flushing = seg.flushing
+            if flushing is not None and flushing is not asyncio.current_task():
+                try:
+                    await asyncio.shield(flushing)
+                finally:
+                    if flushing.done():
+                        seg.flushing = None
+
         async def _retrying(self, fn: Any, *, retry: Any = None) -> Any:
             """`await fn(connection)` on a pooled connection; one that broke (it idled out
             behind a proxy, or the server restarted) is retried once on a fresh one, after
@@ -409,7 +472,7 @@ def _saver_class() -> type[Any]:
 
         async def _execute(self, sql: str, params: list[Any]) -> None:
             async def run(conn: Any) -> None:
-                await conn.execute(sql, params, binary=True)
+                await execute_raw(conn, sql, params)
 
             await self._retrying(run)
 
@@ -475,9 +538,10 @@ def _saver_class() -> type[Any]:
                     # is followed by nothing with side effects: each goes in with the
                     # next write the run must make (the one before a tool runs, a tool's
                     # result), or with the run's last write, which also lets the lock go.
-                    seg.deferred.extend(parts)
+                    self.hold_back(seg, parts)
                     return next_config
                 # The writes of this step's task go in with the checkpoint that closes it.
+                await self.behind(seg)
                 parts.extend(seg.deferred)
                 seg.deferred = []
             await self._write(parts, seg.thread_id if seg is not None else None)
@@ -520,13 +584,15 @@ def _saver_class() -> type[Any]:
                         or (not task_path and task_id == _input_task(configurable))
                     )
                 ):
-                    seg.deferred.extend(parts)
+                    self.hold_back(seg, parts)
                     return
+                await self.behind(seg)
                 await self._write(parts, seg.thread_id if seg is not None else None)
 
         async def flush_deferred(self, seg: Segment) -> None:
             """Save the writes held back for `seg` whose checkpoint never came (the run
             stopped in between)."""
+            await self.behind(seg)
             parts = [p for p in seg.deferred if p[2]]
             seg.deferred = []
             if parts:
@@ -915,6 +981,7 @@ class PostgresBackend(Backend):
         that stopped: its failure is recorded under the lock, after) they are saved
         as any write."""
         saver = cast(Any, self.saver)
+        await saver.behind(seg)
         held = self._held.get(seg.thread_id)
         if seg.closed or held is None:
             await saver.flush_deferred(seg)
@@ -945,7 +1012,7 @@ class PostgresBackend(Backend):
             if held is None or conn is None or held[0] is not conn or conn.closed or conn.broken:
                 raise lock_lost(thread_id)
             try:
-                await conn.execute(sql, params, binary=True)
+                await execute_raw(conn, sql, params)
             except psycopg.Error as exc:
                 if exc.sqlstate == _FENCE_LOST:
                     raise lock_lost(thread_id) from None
