@@ -44,9 +44,9 @@ class Segment:
     #: Metadata to add to each checkpoint the segment saves (a rewind's copy, which
     #: LangGraph saves without the caller's config metadata).
     put_metadata: dict[str, Any] | None = None
-    #: Writes a saver held back to save in one statement with the next checkpoint (see
-    #: `DEFERRABLE_TASKS`); whatever is left when the segment ends is flushed then.
-    deferred: list[tuple[str, str, list[tuple[Any, ...]]]] = field(default_factory=list)
+    #: Writes a saver held back to save with the run's next write (see `may_wait`), in
+    #: the saver's own form; whatever is left when the segment ends is flushed then.
+    deferred: list[Any] = field(default_factory=list)
     #: Tool results handed over to LangGraph whose write is not saved yet, by task id:
     #: `(config, writes, task_path)` as the saver takes them (see `hand_over`).
     handed: dict[str, tuple[Any, list[tuple[str, Any]], str]] = field(default_factory=dict)
@@ -66,6 +66,53 @@ class Segment:
 #: as a crash just before the write would. Tool results (and interrupts) are always
 #: saved the moment their task finishes, so a finished tool call is never run again.
 DEFERRABLE_TASKS = frozenset({"~__pregel_pull, __start__", "~__pregel_pull, model"})
+
+#: The channels that start a node of the agent graph's next step, besides the ones named
+#: "branch:to:<node>": a checkpoint that updates one of them (or any channel that looks
+#: like a trigger) may be followed by a node with side effects.
+_PURE_NEXT = frozenset({"branch:to:model", "__start__"})
+
+
+def _quiet_next(checkpoint: Any) -> bool:
+    """Whether the step after `checkpoint` (of the agent graph) runs at most the model:
+    every channel it updated is a state channel or starts the model or the entry.
+    Anything else (tools sent as tasks, a join, a checkpoint of an older format without
+    `updated_channels`) counts as possibly having side effects."""
+    updated = checkpoint.get("updated_channels")
+    if updated is None:
+        return False
+    return all(
+        c in _PURE_NEXT or not (c.startswith("__") or ":" in c or c.startswith("branch"))
+        for c in updated
+    )
+
+
+def _input_task(configurable: Any) -> str | None:
+    """The task id under which LangGraph writes a new input to the head it starts from
+    (a `DeltaChannel` reads it from there)."""
+    from uuid import UUID, uuid5
+
+    checkpoint_id = configurable.get("checkpoint_id")
+    if not checkpoint_id:
+        return None
+    try:
+        return str(uuid5(UUID(checkpoint_id), "__input__"))
+    except ValueError:
+        return None
+
+
+def may_wait(checkpoint: Any, metadata: Any) -> bool:
+    """Whether a top-level checkpoint of a run may wait for the run's next write: the
+    checkpoint of a new input (the one applying it follows at once), or one whose next
+    step is a model call or nothing (no side effects before the next write)."""
+    return bool(metadata.get("source") == "input") or _quiet_next(checkpoint)
+
+
+def writes_may_wait(configurable: Any, task_id: str, task_path: str) -> bool:
+    """Whether a top-level task's writes may wait for the checkpoint that closes their
+    step: the entry's, the model's (`DEFERRABLE_TASKS`) and a new input's."""
+    return task_path in DEFERRABLE_TASKS or (not task_path and task_id == _input_task(configurable))
+
 
 #: The longest a write may be held back before it is saved on its own. What waits is a
 #: send's input (the user's message) while the first model call runs, and a run's last
@@ -355,6 +402,54 @@ class SaverMixin:
         return await super().aget_delta_channel_history(  # type: ignore[misc]
             config=config, channels=channels
         )
+
+    async def write_held(self, seg: Segment, parts: list[Any]) -> None:
+        """Save writes held back for `seg` (`parts`, in the saver's own form) on their
+        own; only savers that hold writes back implement it."""
+        raise NotImplementedError
+
+    def hold_back(self, seg: Segment, parts: Sequence[Any]) -> None:
+        """Keep `parts` for the run's next write, and save them on their own if none
+        comes within `HOLD_BACK_SECS`."""
+        seg.deferred.extend(parts)
+        if seg.behind is None and seg.flushing is None:
+            seg.behind = asyncio.get_running_loop().call_later(
+                HOLD_BACK_SECS, self._write_behind, seg
+            )
+
+    def _write_behind(self, seg: Segment) -> None:
+        seg.behind = None
+        if seg.closed or seg.flushing is not None or not seg.deferred:
+            return
+        parts, seg.deferred = seg.deferred, []
+        task = asyncio.ensure_future(self._write_held(seg, parts))
+        seg.flushing = task
+        seg.writing.add(task)
+        task.add_done_callback(seg.writing.discard)
+
+    async def _write_held(self, seg: Segment, parts: list[Any]) -> None:
+        try:
+            await self.write_held(seg, parts)
+        except BaseException:
+            # Kept for the run's failure record (`Backend.settle`), which tries again.
+            seg.deferred[:0] = parts
+            raise
+
+    async def behind(self, seg: Segment | None) -> None:
+        """Before a write of `seg`: stop its timer, and let the held-back writes it
+        started saving land first (their failure is the write's own)."""
+        if seg is None:
+            return
+        if seg.behind is not None:
+            seg.behind.cancel()
+            seg.behind = None
+        flushing = seg.flushing
+        if flushing is not None and flushing is not asyncio.current_task():
+            try:
+                await asyncio.shield(flushing)
+            finally:
+                if flushing.done():
+                    seg.flushing = None
 
     def audit_rows(self, records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
         """Rows `(thread_id, ts_ns, run_id, actor, action, type, details)`."""

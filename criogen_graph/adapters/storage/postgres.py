@@ -25,9 +25,7 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from criogen_graph._aio import uncancelled
 from criogen_graph._urls import mask_url
 from criogen_graph.adapters.storage.base import (
-    DEFERRABLE_TASKS,
     ENCRYPTION_CLAIM,
-    HOLD_BACK_SECS,
     LEGACY_KEY_CHECK,
     UNENCRYPTED,
     Backend,
@@ -42,11 +40,13 @@ from criogen_graph.adapters.storage.base import (
     checkpoint_config,
     checkpoint_tuple,
     import_once,
+    may_wait,
     records_for_put,
     records_for_writes,
     redacted_errors,
     segment_for,
     segment_metadata,
+    writes_may_wait,
     writing,
 )
 from criogen_graph.errors import StorageError
@@ -309,41 +309,6 @@ def _delete_statement(thread_id: str, *, audit: bool, epoch: int | None) -> tupl
     return sql, params
 
 
-#: The channels that start a node of the agent graph's next step, besides the ones named
-#: "branch:to:<node>": a checkpoint that updates one of them (or any channel that looks
-#: like a trigger) may be followed by a node with side effects.
-_PURE_NEXT = frozenset({"branch:to:model", "__start__"})
-
-
-def _quiet_next(checkpoint: Checkpoint) -> bool:
-    """Whether the step after `checkpoint` (of the agent graph) runs at most the model:
-    every channel it updated is a state channel or starts the model or the entry.
-    Anything else (tools sent as tasks, a join, a checkpoint of an older format without
-    `updated_channels`) counts as possibly having side effects."""
-    updated = cast(Any, checkpoint).get("updated_channels")
-    if updated is None:
-        return False
-    return all(
-        c in _PURE_NEXT or not (c.startswith("__") or ":" in c or c.startswith("branch"))
-        for c in updated
-    )
-
-
-def _input_task(configurable: Any) -> str | None:
-    """The task id under which LangGraph writes a new input to the head it starts from
-    (a `DeltaChannel` reads it from there): no side effects follow before the next
-    checkpoint, so it may wait for it like the entry's writes."""
-    from uuid import UUID, uuid5
-
-    checkpoint_id = configurable.get("checkpoint_id")
-    if not checkpoint_id:
-        return None
-    try:
-        return str(uuid5(UUID(checkpoint_id), "__input__"))
-    except ValueError:
-        return None
-
-
 def lock_lost(thread_id: str) -> StorageError:
     """The error of a run whose lock on the thread is gone."""
     return StorageError(
@@ -396,48 +361,8 @@ def _saver_class() -> type[Any]:
                     raise lock_lost(str(thread_id)) from None
                 raise
 
-        def hold_back(self, seg: Segment, parts: Sequence[Insert]) -> None:
-            """Keep `parts` for the run's next write, and save them on their own if none
-            comes within `HOLD_BACK_SECS`."""
-            seg.deferred.extend(parts)
-            if seg.behind is None and seg.flushing is None:
-                seg.behind = asyncio.get_running_loop().call_later(
-                    HOLD_BACK_SECS, self._write_behind, seg
-                )
-
-        def _write_behind(self, seg: Segment) -> None:
-            seg.behind = None
-            if seg.closed or seg.flushing is not None or not any(p[2] for p in seg.deferred):
-                return
-            parts, seg.deferred = seg.deferred, []
-            task = asyncio.ensure_future(self._write_held(seg, parts))
-            seg.flushing = task
-            seg.writing.add(task)
-            task.add_done_callback(seg.writing.discard)
-
-        async def _write_held(self, seg: Segment, parts: list[Insert]) -> None:
-            try:
-                await self._write(parts, seg.thread_id)
-            except BaseException:
-                # Kept for the run's failure record (`Backend.settle`), which tries again.
-                seg.deferred[:0] = parts
-                raise
-
-        async def behind(self, seg: Segment | None) -> None:
-            """Before a write of `seg`: stop its timer, and let the held-back writes it
-            started saving land first (their failure is the write's own)."""
-            if seg is None:
-                return
-            if seg.behind is not None:
-                seg.behind.cancel()
-                seg.behind = None
-            flushing = seg.flushing
-            if flushing is not None and flushing is not asyncio.current_task():
-                try:
-                    await asyncio.shield(flushing)
-                finally:
-                    if flushing.done():
-                        seg.flushing = None
+        async def write_held(self, seg: Segment, parts: list[Any]) -> None:
+            await self._write(parts, seg.thread_id)
 
         async def _retrying(self, fn: Any, *, retry: Any = None) -> Any:
             """`await fn(connection)` on a pooled connection; one that broke (it idled out
@@ -532,7 +457,7 @@ def _saver_class() -> type[Any]:
                 (_AUDIT, "", audit),
             ]
             if seg is not None and not checkpoint_ns:
-                if metadata.get("source") == "input" or _quiet_next(checkpoint):
+                if may_wait(checkpoint, metadata):
                     # The checkpoint of a new input is followed at once by the one that
                     # applies it; a checkpoint whose next step is a model call (or none)
                     # is followed by nothing with side effects: each goes in with the
@@ -576,14 +501,7 @@ def _saver_class() -> type[Any]:
                 audit = self.audit_rows(records_for_writes(seg, writes))
                 parts: list[Insert] = [(_WRITES, conflict, list(rows)), (_AUDIT, "", audit)]
                 top = not configurable["checkpoint_ns"]
-                if (
-                    seg is not None
-                    and top
-                    and (
-                        task_path in DEFERRABLE_TASKS
-                        or (not task_path and task_id == _input_task(configurable))
-                    )
-                ):
+                if seg is not None and top and writes_may_wait(configurable, task_id, task_path):
                     self.hold_back(seg, parts)
                     return
                 await self.behind(seg)

@@ -48,6 +48,7 @@ from criogen_graph.adapters.storage.base import (
     Backend,
     MakeRecord,
     SaverMixin,
+    Segment,
     TranscriptCache,
     adopt_claim,
     audit_query,
@@ -56,11 +57,13 @@ from criogen_graph.adapters.storage.base import (
     checkpoint_config,
     checkpoint_tuple,
     import_once,
+    may_wait,
     records_for_put,
     records_for_writes,
     redacted_errors,
     segment_for,
     segment_metadata,
+    writes_may_wait,
     writing,
 )
 from criogen_graph.adapters.storage.locks import FileLocks
@@ -88,6 +91,19 @@ _INSERT_AUDIT = (
     "INSERT INTO criogen_audit (thread_id, ts_ns, run_id, actor, action, type, details) "
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
+
+
+#: A piece of a transaction: statements run on the connection, committed by the caller.
+Write = Callable[[sqlite3.Connection], None]
+
+
+def _transaction(parts: Sequence[Write]) -> Write:
+    def run(db: sqlite3.Connection) -> None:
+        for part in parts:
+            part(db)
+        db.commit()
+
+    return run
 
 
 class _Saver(SaverMixin, AsyncSqliteSaver):
@@ -209,10 +225,27 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
             )
             if audit:
                 db.executemany(_INSERT_AUDIT, audit)
-            db.commit()
 
-        await self._run(write)
+        seg = segment_for(thread_id)
+        if seg is not None and not checkpoint_ns and may_wait(checkpoint, metadata):
+            # Committed with the run's next write (one commit, one fsync under
+            # synchronous=full, instead of one per checkpoint and task).
+            self.hold_back(seg, [write])
+            return next_config
+        await self._commit(seg, [write])
         return next_config
+
+    async def _commit(self, seg: Segment | None, parts: list[Write]) -> None:
+        """Run `parts` and what `seg` held back (first) in one transaction."""
+        if seg is not None:
+            await self.behind(seg)
+            if seg.deferred:
+                parts = [*seg.deferred, *parts]
+                seg.deferred = []
+        await self._run(_transaction(parts))
+
+    async def write_held(self, seg: Segment, parts: list[Any]) -> None:
+        await self._run(_transaction(parts))
 
     async def aput_writes(
         self,
@@ -256,9 +289,15 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
                 db.executemany(query, rows)
                 if audit:
                     db.executemany(_INSERT_AUDIT, audit)
-                db.commit()
 
-            await self._run(write)
+            if (
+                seg is not None
+                and not ns
+                and writes_may_wait(config["configurable"], task_id, task_path)
+            ):
+                self.hold_back(seg, [write])
+                return
+            await self._commit(seg, [write])
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         hit, head = cached_head(config)
@@ -571,6 +610,24 @@ class SqliteBackend(Backend):
         if self._conn is not None:
             conn, self._conn = self._conn, None
             await conn.close()
+
+    async def flush_deferred(self, seg: Segment) -> None:
+        """Commit what the run held back, with its records not yet saved (the end of a
+        run that went well: its completion), in one transaction."""
+        saver = cast(_Saver, self.saver)
+        await saver.behind(seg)
+        parts: list[Write] = seg.deferred
+        seg.deferred = []
+        if not seg.closed and seg.audit:
+            rows = saver.audit_rows(seg.audit)
+            seg.audit = []
+
+            def audit(db: sqlite3.Connection) -> None:
+                db.executemany(_INSERT_AUDIT, rows)
+
+            parts = [*parts, audit]
+        if parts:
+            await saver._run(_transaction(parts))
 
     async def write_audit(self, records: list[dict[str, Any]]) -> None:
         saver = cast(_Saver, self.saver)
