@@ -44,8 +44,23 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "observe": ([], ["--blocks", "4", "--runs", "40", "--warmup", "40"]),
     "providers": ([], ["--blocks", "4", "--runs", "40", "--warmup", "20"]),
+    # Issue 21's measures: PostgreSQL a hop away, equal durability, many workers.
+    "pg_latency": ([], ["--blocks", "3", "--runs", "10", "--count", "20"]),
+    "storage_full": (
+        ["--synchronous", "full", "--no-pg", "--growth", "0"],
+        ["--synchronous", "full", "--no-pg", "--growth", "0", "--blocks", "3", "--runs", "12"],
+    ),
+    "fsync": ([], ["--sends", "20"]),
+    "scale_workers": (
+        ["--workers", "2", "--threads", "10000"],
+        ["--workers", "2", "--threads", "2000"],
+    ),
 }
+#: Entries of `SCRIPTS` that run another entry's script with other settings.
+SCRIPT_OF = {"storage_full": "storage", "scale_workers": "scale"}
 USES_PG = {"storage", "scale", "cold"}
+#: Entries that measure PostgreSQL only (left out by --no-pg).
+PG_ONLY = {"pg_latency", "scale_workers"}
 
 
 @dataclass
@@ -146,6 +161,70 @@ def rows_storage(d: dict[str, Any]) -> list[Row]:
                       g["last10_ms_per_turn"], g["first10_ms_per_turn"], ms, 1.5)
         )  # fmt: skip
     return out
+
+
+def rows_storage_full(d: dict[str, Any]) -> list[Row]:
+    t = d["ms_per_turn"]
+    ours = t["ours sqlite (thread.send)"]
+    return [
+        ratio_row("per turn, SQLite WAL + FULL (both): `thread.send` vs `create_agent` + "
+                  "`SqliteSaver`", ours, t["create_agent SqliteSaver (invoke)"], ms, 0.60),
+        ratio_row("per turn, SQLite WAL + FULL (both): `thread.send` vs `create_agent` + "
+                  "`AsyncSqliteSaver`", ours, t["create_agent AsyncSqliteSaver (ainvoke)"], ms,
+                  0.60),
+    ]  # fmt: skip
+
+
+def rows_fsync(d: dict[str, Any]) -> list[Row]:
+    n = d["fsyncs_per_send"]
+    return [
+        ratio_row("disk flushes per send (two turns), SQLite `synchronous=full`, counted by "
+                  "strace: vs `create_agent` + `AsyncSqliteSaver`", n["ours"], n["async"],
+                  lambda v: f"{v:.2f}", None),
+    ]  # fmt: skip
+
+
+def rows_pg_latency(d: dict[str, Any]) -> list[Row]:
+    ours_name, base_name = "criogen_graph thread.send", "create_agent + AsyncPostgresSaver"
+    counted = d["round_trips_per_send_counted"]
+    out = [
+        Row(
+            "PostgreSQL round trips per send (two turns), counted by a proxy",
+            f"{counted[ours_name]:.2f}",
+            f"{counted[base_name]:.2f}",
+            counted[ours_name] / counted[base_name],
+            "<= 6",
+            counted[ours_name] <= 6,
+        )
+    ]
+    for delay, v in d["per_delay"].items():
+        per = v["ms_per_send"]
+        target = 0.40 if float(delay) == 1.0 else None
+        out.append(
+            ratio_row(
+                f"per turn, PostgreSQL {float(delay):g} ms away each way: `thread.send` vs "
+                "`create_agent` + `AsyncPostgresSaver`",
+                per[ours_name] / 2,
+                per[base_name] / 2,
+                ms,
+                target,
+            )
+        )
+    return out
+
+
+def rows_scale_workers(d: dict[str, Any]) -> list[Row]:
+    ours = d["criogen_graph thread.send"]
+    base = d["create_agent + AsyncPostgresSaver"]
+    label = f"{d['threads']:,} threads, one send each, {d['workers']} workers on one PostgreSQL"
+    return [
+        ratio_row(f"{label}: wall time", ours["wall_s"], base["wall_s"],
+                  lambda v: f"{v:.1f} s", None),
+        Row(f"{label}: errors", str(ours["errors"]), str(base["errors"]), None, "0",
+            ours["errors"] == 0),
+        ratio_row(f"{label}: p99 per send", ours["send_p99_ms"], base["send_p99_ms"],
+                  lambda v: f"{v:.0f} ms", None),
+    ]  # fmt: skip
 
 
 def rows_scale(d: dict[str, Any]) -> list[Row]:
@@ -290,12 +369,17 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "core": rows_core,
     "observe": rows_observe,
     "providers": rows_providers,
+    "pg_latency": rows_pg_latency,
+    "storage_full": rows_storage_full,
+    "fsync": rows_fsync,
+    "scale_workers": rows_scale_workers,
 }
 
 
 def run_script(name: str, extra: list[str], logs: str) -> dict[str, Any]:
     out_json = os.path.join(logs, f"{name}.json")
-    cmd = [sys.executable, os.path.join(HERE, f"bench_{name}.py"), *extra, "--json", out_json]
+    script = f"bench_{SCRIPT_OF.get(name, name)}.py"
+    cmd = [sys.executable, os.path.join(HERE, script), *extra, "--json", out_json]
     t0 = time.perf_counter()
     print(f"[run] {' '.join(cmd[1:])}", flush=True)
     with open(os.path.join(logs, f"{name}.log"), "w") as log:
@@ -304,8 +388,8 @@ def run_script(name: str, extra: list[str], logs: str) -> dict[str, Any]:
     if proc.returncode:
         with open(os.path.join(logs, f"{name}.log")) as log:
             tail = log.read()[-3000:]
-        raise SystemExit(f"bench_{name}.py failed (exit {proc.returncode}):\n{tail}")
-    print(f"[ok]  bench_{name}.py in {took:.0f} s", flush=True)
+        raise SystemExit(f"{script} failed (exit {proc.returncode}):\n{tail}")
+    print(f"[ok]  {script} {' '.join(extra)} in {took:.0f} s", flush=True)
     with open(out_json) as f:
         data: dict[str, Any] = json.load(f)
     return data
@@ -367,6 +451,8 @@ def main() -> None:
     for name in only:
         full, quick = SCRIPTS[name]
         extra = list(quick if args.quick else full)
+        if args.no_pg and name in PG_ONLY:
+            continue
         if args.no_pg and name in USES_PG:
             extra.append("--no-pg")
         results[name] = run_script(name, extra, logs)
