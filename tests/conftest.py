@@ -57,6 +57,37 @@ def openai_server() -> Iterator[OpenAIServer]:
         yield server
 
 
+@cache
+def pgvector_problem() -> str | None:
+    """Why the test PostgreSQL has no pgvector extension to offer, or None when it has."""
+    import psycopg
+
+    with psycopg.connect(PG_URL, connect_timeout=3) as conn:
+        row = conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone()
+    if row is None:
+        return (
+            f"the PostgreSQL server at {PG_URL} has no pgvector extension "
+            "(bash .ci/install-pgvector builds it from Debian's source package)"
+        )
+    return None
+
+
+def require_pgvector() -> None:
+    """Skip (on a developer machine) or fail (in CI, whose .ci/run installs it) when the
+    test PostgreSQL lacks pgvector; the extension is then created in its `public` schema,
+    where every test schema's vectors find it."""
+    require_postgres()
+    problem = pgvector_problem()
+    if problem is not None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI must run the pgvector tests: {problem}")
+        pytest.skip(problem)
+    import psycopg
+
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public")
+
+
 def storage_url(kind: str, tmp_path: Path) -> str:
     if kind == "memory":
         return "memory://"
