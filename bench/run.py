@@ -5,8 +5,8 @@ side in one process, in interleaved blocks), collects their `--json` results and
 one table: measure, criogen_graph, baseline, ratio, target. Each script's own detailed
 output is kept in the log directory.
 
-    python bench/run.py                 # full settings (about 9 minutes on 2 cores)
-    python bench/run.py --quick         # smaller samples (about 5 minutes)
+    python bench/run.py                 # full settings (about 35 minutes on 2 cores)
+    python bench/run.py --quick         # smaller samples (about 12 minutes)
     python bench/run.py --no-pg         # skip PostgreSQL
     python bench/run.py --markdown out.md --only peers,storage
 
@@ -55,12 +55,15 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
         ["--workers", "2", "--threads", "10000"],
         ["--workers", "2", "--threads", "2000"],
     ),
+    "search": ([], ["--docs", "20000", "--queries", "100"]),
+    "search_vectors": (["--vectors"], ["--vectors", "--docs", "5000", "--queries", "100"]),
 }
 #: Entries of `SCRIPTS` that run another entry's script with other settings.
-SCRIPT_OF = {"storage_full": "storage", "scale_workers": "scale"}
+SCRIPT_OF = {"storage_full": "storage", "scale_workers": "scale", "search_vectors": "search"}
 USES_PG = {"storage", "scale", "cold"}
 #: Entries that measure PostgreSQL only (left out by --no-pg).
-PG_ONLY = {"pg_latency", "scale_workers"}
+PG_ONLY = {"pg_latency", "scale_workers", "search_vectors"}
+USES_PG = USES_PG | {"search"}
 
 
 @dataclass
@@ -227,6 +230,49 @@ def rows_scale_workers(d: dict[str, Any]) -> list[Row]:
     ]  # fmt: skip
 
 
+def rows_search(d: dict[str, Any]) -> list[Row]:
+    out: list[Row] = []
+    for key, name in (("sqlite", "SQLite FTS5"), ("postgres", "PostgreSQL full text")):
+        if key not in d:
+            continue
+        v = d[key]
+        ok = v["query_p50_ms"] <= 20 and v["query_p99_ms"] <= 100
+        out.append(
+            Row(f"keyword search, {v['docs']:,} documents, {name}: query p50 / p99",
+                f"{v['query_p50_ms']:.1f} / {v['query_p99_ms']:.1f} ms", "", None,
+                "<= 20 / 100 ms", ok)
+        )  # fmt: skip
+        for load, label, target in (
+            ("20_searches_per_s", "20 searches arriving per second", 1.1),
+            ("1_in_flight", "one search always in flight", None),
+            ("2_in_flight", "two searches always in flight", None),
+        ):
+            r = v[f"agent_turn_ratio_{load}"]
+            out.append(
+                Row(f"an agent turn with {label} ({name}, same process) vs alone",
+                    f"{v['agent_ms_per_turn_alone'] * r:.2f} ms",
+                    f"{v['agent_ms_per_turn_alone']:.2f} ms", r,
+                    f"<= {target:.2f}" if target else "", (r <= target) if target else None)
+            )  # fmt: skip
+    return out
+
+
+def rows_search_vectors(d: dict[str, Any]) -> list[Row]:
+    out: list[Row] = []
+    for key, v in d["vectors"].items():
+        if not isinstance(v, dict) or "query_p50_ms" not in v:
+            continue
+        what = "random unit vectors" if key.startswith("random") else "MiniLM embeddings"
+        ok = v["query_p50_ms"] <= 20 and v["query_p99_ms"] <= 100
+        out.append(
+            Row(f"vector search (pgvector), {v['docs']:,} documents, {what}: query p50 / p99 "
+                f"(recall@5 {v['recall_at_5']:.2f})",
+                f"{v['query_p50_ms']:.1f} / {v['query_p99_ms']:.1f} ms", "", None,
+                "<= 20 / 100 ms", ok)
+        )  # fmt: skip
+    return out
+
+
 def rows_scale(d: dict[str, Any]) -> list[Row]:
     out: list[Row] = []
     n = d.get("n", 1000)
@@ -373,6 +419,8 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "storage_full": rows_storage_full,
     "fsync": rows_fsync,
     "scale_workers": rows_scale_workers,
+    "search": rows_search,
+    "search_vectors": rows_search_vectors,
 }
 
 
