@@ -88,6 +88,26 @@ def require_pgvector() -> None:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public")
 
 
+async def python_children(code: str, *args: str, n: int) -> list[str]:
+    """Run `python -c code *args` in `n` processes started together; what each printed
+    (each must exit 0)."""
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            code,
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        for _ in range(n)
+    ]
+    outs = [await p.communicate() for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err.decode()
+    return [out.decode() for out, _ in outs]
+
+
 def storage_url(kind: str, tmp_path: Path) -> str:
     if kind == "memory":
         return "memory://"

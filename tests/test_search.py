@@ -13,7 +13,7 @@ import pytest
 
 from criogen_graph import Agent, CollectionTool, FakeModel, Memory, Storage, ValidationError
 from criogen_graph.errors import StorageError
-from tests.conftest import storage_url
+from tests.conftest import python_children, storage_url
 
 
 def collection(url: str, **kw: object) -> CollectionTool:
@@ -322,8 +322,6 @@ def fresh_url(durable_backend: str, tmp_path: Path, request: pytest.FixtureReque
 
 
 async def test_processes_starting_together_build_the_index_once(fresh_url: str) -> None:
-    import asyncio
-    import sys
 
     from langgraph.store.base import PutOp
 
@@ -334,21 +332,8 @@ async def test_processes_starting_together_build_the_index_once(fresh_url: str) 
     await store.abatch(
         [PutOp(ns, f"r{i}", {"text": f"Refunds policy {i}", "metadata": {}}) for i in range(20)]
     )
-    procs = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            _SEARCHER,
-            fresh_url,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        for _ in range(4)
-    ]
-    outs = [await p.communicate() for p in procs]
-    for p, (out, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err.decode()
-        assert len(out.decode().strip().split(",")) == 5  # the tool's default limit
+    for out in await python_children(_SEARCHER, fresh_url, n=4):
+        assert len(out.strip().split(",")) == 5  # the tool's default limit
     # Indexed once: every document exactly once, and later writes follow.
     docs = CollectionTool(storage=storage, collection="shared", limit=50)
     assert sorted(r["id"] for r in await docs.search("refunds")) == sorted(

@@ -18,7 +18,7 @@ import pytest
 
 from criogen_graph import CollectionTool, Memory, Storage, ValidationError
 from criogen_graph._search import rank_vectors
-from tests.conftest import PG_URL, require_pgvector
+from tests.conftest import PG_URL, python_children, require_pgvector
 
 #: The URL `rows` reads by default: the current test's schema (see `pg_url`).
 _current_url = PG_URL
@@ -396,8 +396,6 @@ asyncio.run(main())
 
 
 async def test_processes_starting_together_set_up_once(pg_schema_url: str) -> None:
-    import asyncio
-    import sys
 
     from langgraph.store.base import PutOp
 
@@ -412,22 +410,9 @@ async def test_processes_starting_together_set_up_once(pg_schema_url: str) -> No
             for i in range(10)
         ]
     )
-    procs = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            _SEARCHER,
-            pg_schema_url,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        for _ in range(4)
-    ]
-    outs = [await p.communicate() for p in procs]
-    for p, (out, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err.decode()
+    for out in await python_children(_SEARCHER, pg_schema_url, n=4):
         # cos([1, .5], [1, i/10]): i = 5 (1.0), 6 (0.9971), 4 (0.9965), 7 (0.9892), 3 (0.9852)
-        assert out.decode().strip().split(",") == ["r5", "r6", "r4", "r7", "r3"]
+        assert out.strip().split(",") == ["r5", "r6", "r4", "r7", "r3"]
     schema = pg_schema_url.rsplit("%3D", 1)[1]
     assert rows(f'SELECT count(*), count(DISTINCT key) FROM "{schema}".criogen_vectors') == [
         (10, 10)
