@@ -398,7 +398,7 @@ class _Saved:
 
     async def ran(self, seg: Segment | None, values: Mapping[str, Any]) -> None:
         assert seg is not None
-        if seg.deferred or seg.flushing is not None:
+        if seg.holds_writes():
             # The run ended: a cancellation now must not cut its last write.
             await uncancelled(self.backend.flush_deferred(seg))
         if seg.last_config is not None and "messages" in values:
@@ -427,7 +427,7 @@ class _Saved:
         assert seg is not None
         try:
             await uncancelled(self.backend.settle(seg))
-            if seg.deferred or seg.behind is not None:
+            if seg.holds_writes():
                 await uncancelled(self.backend.flush_deferred(seg))
         except Exception as save_exc:
             _log.warning(

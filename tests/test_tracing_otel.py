@@ -70,6 +70,20 @@ def lookup(order_id: str) -> str:
     return f"order {order_id}: shipped to {SECRET}"
 
 
+@tool
+def broken(note: str) -> str:
+    """Fails with the note in its message."""
+    raise RuntimeError(f"could not send to {note}")
+
+
+def recorded(**provider_options: Any) -> tuple[InMemorySpanExporter, TracerProvider]:
+    """A tracer provider of the test's own and the exporter that keeps what it ends."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(**provider_options)
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    return memory, provider
+
+
 def named(spans: Sequence[ReadableSpan], name: str) -> ReadableSpan:
     found = [s for s in spans if s.name == name]
     assert len(found) == 1, [s.name for s in spans]
@@ -165,9 +179,7 @@ async def test_an_unsampled_request_records_nothing(app: App) -> None:
 
 
 async def test_a_sampler_that_says_no_costs_the_run_nothing() -> None:
-    memory = InMemorySpanExporter()
-    provider = TracerProvider(sampler=ALWAYS_OFF)
-    provider.add_span_processor(SimpleSpanProcessor(memory))
+    memory, provider = recorded(sampler=ALWAYS_OFF)
     agent = Agent(
         FakeModel([FakeReply.tool_call("lookup", {"order_id": "A-1"}), FakeReply.text("ok")]),
         tools=[lookup],
@@ -199,9 +211,7 @@ async def test_an_exporter_that_fails_does_not_fail_the_run() -> None:
 
 
 async def test_a_failed_model_call_is_an_error_status_with_error_type() -> None:
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
+    memory, provider = recorded()
     agent = Agent(
         FakeModel([FakeReply.error("bad_request", "refused: " + SECRET)]),
         telemetry=Telemetry(provider),
@@ -218,14 +228,7 @@ async def test_a_failed_model_call_is_an_error_status_with_error_type() -> None:
 
 
 async def test_every_recorded_text_is_redacted_with_content_on() -> None:
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-
-    @tool
-    def broken(note: str) -> str:
-        """Fails with the note in its message."""
-        raise RuntimeError(f"could not send to {note}")
+    memory, provider = recorded()
 
     agent = Agent(
         FakeModel(
@@ -279,14 +282,7 @@ def test_a_missing_opentelemetry_names_the_extra_when_telemetry_is_made(
 
 @pytest.mark.parametrize("content", [False, True])
 async def test_no_span_carries_an_unredacted_text_ids_and_names_included(content: bool) -> None:
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-
-    @tool
-    def broken(note: str) -> str:
-        """Fails with the note in its message."""
-        raise RuntimeError(f"could not send to {note}")
+    memory, provider = recorded()
 
     agent = Agent(
         FakeModel(

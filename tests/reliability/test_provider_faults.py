@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +35,6 @@ FAULTS: dict[str, tuple[Any, str]] = {
 def lookup(order_id: str) -> str:
     """Look up an order."""
     return f"{order_id} shipped"
-
-
-@pytest.fixture
-def rx() -> Iterator[OtlpReceiver]:
-    with OtlpReceiver() as receiver:
-        yield receiver
-        for telemetry in receiver.users:
-            telemetry.shutdown()
 
 
 @pytest.mark.timeout(300)

@@ -210,14 +210,6 @@ class Capture(logging.Handler):
 
 
 @pytest.fixture
-def rx() -> Iterator[OtlpReceiver]:
-    with OtlpReceiver() as receiver:
-        yield receiver
-        for telemetry in receiver.users:
-            telemetry.shutdown()
-
-
-@pytest.fixture
 def logs() -> Iterator[Capture]:
     root = logging.getLogger()
     capture = Capture()

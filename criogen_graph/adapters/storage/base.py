@@ -59,6 +59,11 @@ class Segment:
     behind: asyncio.TimerHandle | None = None
     flushing: asyncio.Future[None] | None = None
 
+    def holds_writes(self) -> bool:
+        """Whether writes of the segment are held back or being saved behind it, so the
+        backend's `flush_deferred` still has to run before the lock goes."""
+        return bool(self.deferred) or self.behind is not None or self.flushing is not None
+
 
 #: The tasks whose writes a saver may hold back until the checkpoint that closes their
 #: step, to save both in one round trip: the graph's entry and the model node. Neither
