@@ -389,10 +389,36 @@ class TranscriptCache:
         return {ch: {"seed": values[ch], "writes": []} for ch in channels}
 
 
+#: What to use instead of the `BaseCheckpointSaver` methods our savers do not offer.
+NOT_OFFERED = {
+    "copy_thread": "copying a thread's checkpoints is not offered by criogen_graph's savers "
+    "(it would copy around the thread's lock and audit trail): start the new thread from "
+    "the messages of the old one (`await thread.messages()`), or go back in the same "
+    "thread with `await thread.rewind(checkpoint_id)`",
+    "delete_for_runs": "deleting the checkpoints of single runs is not offered by "
+    "criogen_graph's savers (a thread's checkpoints build on each other): delete the whole "
+    "thread with `await agent.thread(thread_id).delete()` or "
+    "`await checkpointer.adelete_thread(thread_id)`, or go back to a checkpoint before the "
+    "run with `await thread.rewind(checkpoint_id)`",
+    "prune": "pruning old checkpoints is offered only by criogen_graph's PostgreSQL saver: "
+    "delete a whole thread with `await agent.thread(thread_id).delete()` or "
+    "`await checkpointer.adelete_thread(thread_id)`",
+}
+
+
+def not_offered(method: str) -> NotImplementedError:
+    """The error of a `BaseCheckpointSaver` method our savers do not offer, saying what to
+    use instead (LangGraph's base raises a bare `NotImplementedError`)."""
+    return NotImplementedError(NOT_OFFERED[method])
+
+
 class SaverMixin:
     """What our savers add to LangGraph's: the transcript cache in front of the
     `DeltaChannel` history, and audit rows serialized like checkpoint payloads (so an
-    encryption key covers them too). Put it first among the bases."""
+    encryption key covers them too). Put it first among the bases.
+
+    `copy_thread` and `delete_for_runs` (sync and async) raise a `NotImplementedError`
+    that says what to use instead; so does `prune` except on PostgreSQL."""
 
     transcripts: TranscriptCache
     serde: Any
@@ -407,6 +433,18 @@ class SaverMixin:
         return await super().aget_delta_channel_history(  # type: ignore[misc]
             config=config, channels=channels
         )
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        raise not_offered("copy_thread")
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        raise not_offered("copy_thread")
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        raise not_offered("delete_for_runs")
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        raise not_offered("delete_for_runs")
 
     async def write_held(self, seg: Segment, parts: list[Any]) -> None:
         """Save writes held back for `seg` (`parts`, in the saver's own form) on their

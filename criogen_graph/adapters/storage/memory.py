@@ -34,6 +34,7 @@ from criogen_graph.adapters.storage.base import (
     TranscriptCache,
     adopt_claim,
     cached_head,
+    not_offered,
     records_for_put,
     records_for_writes,
     redacted_errors,
@@ -96,6 +97,12 @@ class _Saver(SaverMixin, InMemorySaver):
     ) -> None:
         with self.guard:
             super().put_writes(config, writes, task_id, task_path)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        raise not_offered("prune")
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        raise not_offered("prune")
 
     def delete_thread(self, thread_id: str) -> None:
         with self.guard:

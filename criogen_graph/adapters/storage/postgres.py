@@ -433,8 +433,31 @@ def _saver_class() -> type[Any]:
             run of it can write nothing more) in one statement: all or nothing."""
             thread_id = check_thread_id(str(thread_id))
             self.prefetched.pop(thread_id, None)
+            self.transcripts.forget(thread_id)
             sql, params = _delete_statement(thread_id, audit=False, epoch=None)
-            await self._execute(sql, params)
+
+            async def run(conn: Any) -> None:
+                # `%s` placeholders: psycopg's own cursor, not `execute_raw`'s `$n` one.
+                await conn.execute(sql, params)
+
+            await self._retrying(run)
+
+        async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+            """LangGraph's prune, with the caches of those threads dropped first;
+            `"delete"` deletes each thread as `adelete_thread` does (its lock epoch
+            too, so a stale run of it can write nothing more)."""
+            if isinstance(thread_ids, str):
+                raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
+            ids = [check_thread_id(str(t)) for t in thread_ids]
+            for thread_id in ids:
+                self.prefetched.pop(thread_id, None)
+                self.transcripts.forget(thread_id)
+            if strategy == "delete":
+                for thread_id in ids:
+                    await self.adelete_thread(thread_id)
+                return
+            with mapped(self.url):
+                await super().aprune(ids, strategy=strategy)
 
         async def aget_delta_channel_history(self, *, config: Any, channels: Any) -> Any:
             with mapped(self.url):

@@ -58,6 +58,7 @@ from criogen_graph.adapters.storage.base import (
     checkpoint_tuple,
     import_once,
     may_wait,
+    not_offered,
     records_for_put,
     records_for_writes,
     redacted_errors,
@@ -111,6 +112,12 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
 
     #: Inline commits between two background WAL checkpoints.
     CHECKPOINT_EVERY = 256
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        raise not_offered("prune")
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        raise not_offered("prune")
 
     def __init__(
         self,
@@ -486,6 +493,10 @@ def _store_class() -> type[Any]:
         IMMEDIATE`, waiting the busy timeout): its batches read before they write, and a
         deferred transaction that read before another connection (the saver's) committed
         fails at once with "database is locked" when it then writes."""
+
+        #: `BaseSqliteStore` keeps TTLs, but `AsyncSqliteStore`'s bases put `BaseStore`'s
+        #: `False` first, so LangGraph's own class says it does not.
+        supports_ttl = True
 
         @contextlib.asynccontextmanager
         async def _cursor(self, *, transaction: bool = True) -> AsyncIterator[aiosqlite.Cursor]:
