@@ -48,7 +48,8 @@ async def interleaved(
 
 
 def scripted_chat_model() -> Any:
-    """A LangChain chat model that alternates a call to `echo` and the answer "done"."""
+    """A LangChain chat model that answers a user's message with a call to `echo` and the
+    tool's result with "done", whatever other runs it serves at the same time."""
     from langchain_core.language_models import BaseChatModel
     from langchain_core.messages import AIMessage
     from langchain_core.outputs import ChatGeneration, ChatResult
@@ -63,8 +64,10 @@ def scripted_chat_model() -> Any:
         def _generate(
             self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any
         ) -> ChatResult:
+            # Each run's own script, read from its transcript (one model serves many
+            # concurrent runs): the user's message gets the call, the tool's result "done".
             self.i += 1
-            if self.i % 2:
+            if messages[-1].type == "human":
                 call = {
                     "name": "echo",
                     "args": {"text": "hi"},
@@ -111,8 +114,10 @@ def our_agent(storage: Any = None, **options: Any) -> Any:
     state = {"i": 0}
 
     def script(messages: Any, tools: Any) -> Any:
+        # Each run's own script, read from its transcript (one model serves many
+        # concurrent runs): the user's message gets the call, the tool's result "done".
         state["i"] += 1
-        if state["i"] % 2:
+        if messages[-1]["role"] == "user":
             return FakeReply.tool_call("echo", {"text": "hi"}, id=f"call_{state['i']}")
         return "done"
 
@@ -180,8 +185,10 @@ def our_agent_async_tool(storage: Any = None, **options: Any) -> Any:
     state = {"i": 0}
 
     def script(messages: Any, tools: Any) -> Any:
+        # Each run's own script, read from its transcript (one model serves many
+        # concurrent runs): the user's message gets the call, the tool's result "done".
         state["i"] += 1
-        if state["i"] % 2:
+        if messages[-1]["role"] == "user":
             return FakeReply.tool_call("echo", {"text": "hi"}, id=f"call_{state['i']}")
         return "done"
 

@@ -66,6 +66,8 @@ async def lc_batch(graph: Any, n: int, threads: bool) -> None:
     async def one() -> None:
         config: Any = {"configurable": {"thread_id": uuid.uuid4().hex}} if threads else None
         out = await graph.ainvoke({"messages": [HumanMessage("go")]}, config)
+        # Every run is the two turns the table claims: one tool call, then the answer.
+        assert [m.type for m in out["messages"]] == ["human", "ai", "tool", "ai"]
         assert out["messages"][-1].content == "done"
 
     await asyncio.gather(*(one() for _ in range(n)))
@@ -74,7 +76,7 @@ async def lc_batch(graph: Any, n: int, threads: bool) -> None:
 def ours_runs(agent: Any) -> Batch:
     async def batch(n: int) -> None:
         results = await asyncio.gather(*(agent.run("go") for _ in range(n)))
-        assert all(r.text == "done" for r in results)
+        assert all(r.text == "done" and r.tool_calls == 1 for r in results)
 
     return batch
 
@@ -84,7 +86,7 @@ def ours_threads(agent: Any) -> Batch:
         replies = await asyncio.gather(
             *(agent.thread(uuid.uuid4().hex).send("go") for _ in range(n))
         )
-        assert all(r.text == "done" for r in replies)
+        assert all(r.text == "done" and len(r.messages) == 4 for r in replies)
 
     return batch
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from criogen_graph import Agent, FakeReply, FunctionModel, Storage, StorageError, tool
+from tests.conftest import wait_until
 from tests.reliability._report import report
 
 
@@ -124,6 +125,14 @@ def agent_for(
     return Agent(FunctionModel(script), tools=[fast, slow], storage=storage)
 
 
+async def fast_result_saved(storage: Storage, thread_id: str) -> bool:
+    """Whether the fast call's result is among the thread's saved pending writes."""
+    head = await storage.checkpointer.aget_tuple(
+        {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    )
+    return head is not None and "A-1 checked" in repr(head.pending_writes)
+
+
 @pytest.mark.timeout(300)
 async def test_postgres_stopped_mid_run_then_retry_completes(private_pg: PrivatePostgres) -> None:
     started, release = asyncio.Event(), asyncio.Event()
@@ -133,6 +142,10 @@ async def test_postgres_stopped_mid_run_then_retry_completes(private_pg: Private
     thread = agent.thread("mid-run")
     run = asyncio.create_task(thread.send("check and do A-1"))
     await asyncio.wait_for(started.wait(), 30)
+    # The fast call's result is saved by a write of its own, which may still be in
+    # flight when the slow call starts: stop the server once it is in (a stop before it
+    # would lose it, and the retry would run the fast call again, rightly).
+    await wait_until(lambda: fast_result_saved(storage, "mid-run"), what="the fast result saved")
 
     await asyncio.to_thread(private_pg.stop)
     release.set()
