@@ -18,7 +18,7 @@ import pytest
 
 from criogen_graph import CollectionTool, Memory, Storage, ValidationError
 from criogen_graph._search import rank_vectors
-from tests.conftest import PG_URL, python_children, require_pgvector
+from tests.conftest import PG_URL, python_children, require_pgvector, wait_until
 
 #: The URL `rows` reads by default: the current test's schema (see `pg_url`).
 _current_url = PG_URL
@@ -210,6 +210,16 @@ async def test_big_collections_query_the_hnsw_index(pg_url: str) -> None:
     assert rows("SELECT count(*) FROM criogen_vectors WHERE prefix = %s", ns) == [
         (len(vectors) + 1,)
     ]
+    # PostgreSQL reports a backend's row counts to its statistics views up to seconds
+    # after the writes (sooner on an idle machine): a search re-checks the table's
+    # statistics from those counts, so wait until they show the load.
+    stale = (
+        "SELECT n_mod_since_analyze FROM pg_stat_user_tables "
+        "WHERE relname = 'criogen_vectors' AND schemaname = current_schema()"
+    )
+    await wait_until(
+        lambda: (rows(stale) or [(0,)])[0][0] >= len(vectors), within=60, what="the row counts"
+    )
     # max_documents=10 would bound a worker-thread ranking to 10 documents: the database
     # ranks them all and finds the one equal to the query.
     (best, *_) = await docs.search("q")
@@ -220,7 +230,8 @@ async def test_big_collections_query_the_hnsw_index(pg_url: str) -> None:
     )
     import psycopg
 
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
+    # (The test's own schema: the plan of the table the search used.)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
         plan = "\n".join(
             r[0]
             for r in conn.execute(
