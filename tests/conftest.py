@@ -19,6 +19,30 @@ from tests.servers.openai_server import OpenAIServer
 if TYPE_CHECKING:
     from tests.servers.otlp_receiver import OtlpReceiver
 
+# Files whose tests start processes, servers or browsers, restart PostgreSQL or kill workers:
+# `-m "not slow"` leaves them out for an everyday run of a few minutes.
+SLOW = (
+    "tests/reliability/",
+    "tests/test_cli.py",
+    "tests/test_mcp.py",
+    "tests/test_mcp_http.py",
+    "tests/test_processes.py",
+    "tests/test_vectors_pg.py",
+    "tests/test_docs.py",
+    "tests/test_notebooks.py",
+    "tests/test_examples.py",
+    "tests/test_studio.py",
+    "tests/test_background_cli.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.path)).resolve().relative_to(ROOT).as_posix()
+        if path.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+
+
 PG_URL = os.environ.get("CRIOGEN_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 ROOT = Path(__file__).resolve().parent.parent
 
