@@ -188,11 +188,16 @@ class ToolCallData(TypedDict):
 
 
 class ReasoningItem(TypedDict):
-    """A reasoning item of OpenAI's Responses API, kept to be sent back next turn."""
+    """A reasoning item of OpenAI's Responses API, kept to be sent back next turn:
+    its summary parts, and what lets a server without stored items (`store: false`)
+    read it again: the encrypted reasoning (`encrypted_content`, OpenAI) or the
+    reasoning text itself (`content`, one string per `reasoning_text` part: DeepSeek,
+    gpt-oss through OpenRouter)."""
 
     id: str
     summary: list[str]
     encrypted_content: NotRequired[str]
+    content: NotRequired[list[str]]
 
 
 class SystemMessage(TypedDict):

@@ -560,7 +560,11 @@ def _redacted_block(redactor: Redactor, block: Any) -> Any:
 
 
 def _redacted_item(redactor: Redactor, item: Any) -> Any:
-    if not isinstance(item, dict) or not isinstance(item.get("summary"), list):
+    if not isinstance(item, dict):
         return item
-    summary = [redactor.redact(x) if isinstance(x, str) else x for x in item["summary"]]
-    return {**item, "summary": summary}
+    out = dict(item)
+    # The summary and the reasoning text (`content`) are readable text.
+    for key in ("summary", "content"):
+        if isinstance(item.get(key), list):
+            out[key] = [redactor.redact(x) if isinstance(x, str) else x for x in item[key]]
+    return out

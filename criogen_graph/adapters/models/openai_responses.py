@@ -2,9 +2,11 @@
 
 Runs without server-side storage (`store: false`): the whole transcript goes out on every
 request, and a reasoning model's reasoning items come back encrypted
-(`include: ["reasoning.encrypted_content"]`), are kept on the assistant message under
+(`include: ["reasoning.encrypted_content"]`) or with their text (`reasoning_text` parts:
+DeepSeek, gpt-oss through OpenRouter), are kept on the assistant message under
 `"reasoning_items"` (plain JSON, so every storage backend saves them) and are sent back,
-in order, ahead of that turn's function calls.
+in order, ahead of that turn's function calls. An item with neither cannot be resolved
+without stored items, and is left out.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from criogen_graph.messages import (
     ToolCallData,
     Usage,
 )
+from criogen_graph.redact import package_logger
 from criogen_graph.results import empty_usage
 
 _PATH = "/responses"
@@ -39,6 +42,7 @@ _PATH = "/responses"
 _NON_REASONING = ("gpt-4", "gpt-3.5", "chatgpt-", "gpt-5-chat")
 #: The key of the assistant message that holds the reasoning items sent back next turn.
 REASONING_ITEMS: Final = "reasoning_items"
+_log = package_logger("criogen_graph.models")
 
 
 def _reasons(model: str) -> bool:
@@ -46,12 +50,16 @@ def _reasons(model: str) -> bool:
 
 
 def to_responses_input(
-    messages: list[Message],
+    messages: list[Message], *, store: bool = False
 ) -> tuple[str | None, list[dict[str, Any]]]:
     """Transcript dicts as `(instructions, input items)`: the leading system messages
     become `instructions`, later ones `system` items; an assistant turn becomes its
     reasoning items, its text and its `function_call`s; a tool result a
-    `function_call_output`."""
+    `function_call_output`.
+
+    Without stored items (`store` false) a reasoning item goes back only with what lets
+    the server read it again (its encrypted content or its text): one with only its id
+    would be refused ("Items are not persisted when `store` is set to false")."""
     instructions: list[str] = []
     items: list[dict[str, Any]] = []
     wire: dict[object, object] = {}  # our call id -> the provider's, for renamed calls
@@ -69,18 +77,8 @@ def to_responses_input(
             # Read as saved: a checkpoint holds what an older version wrote.
             saved: list[object] = list(m.get(REASONING_ITEMS) or ())
             for r in saved:
-                if isinstance(r, Mapping) and isinstance(r.get("id"), str):
-                    item: dict[str, Any] = {
-                        "type": "reasoning",
-                        "id": r["id"],
-                        "summary": [
-                            {"type": "summary_text", "text": s}
-                            for s in r.get("summary") or ()
-                            if isinstance(s, str)
-                        ],
-                    }
-                    if isinstance(r.get("encrypted_content"), str):
-                        item["encrypted_content"] = r["encrypted_content"]
+                item = _reasoning_input(r, store)
+                if item is not None:
                     items.append(item)
             calls = m.get("tool_calls") or []
             text = _text(content)
@@ -109,10 +107,54 @@ def to_responses_input(
     return ("\n\n".join(instructions) if instructions else None), items
 
 
+def _reasoning_input(saved: object, store: bool) -> dict[str, Any] | None:
+    """The input item of a kept reasoning item, or None when it cannot go back."""
+    if not isinstance(saved, Mapping) or not isinstance(saved.get("id"), str):
+        return None
+    item: dict[str, Any] = {
+        "type": "reasoning",
+        "id": saved["id"],
+        "summary": [_summary_part(s) for s in _strings(saved.get("summary"))],
+    }
+    if isinstance(saved.get("encrypted_content"), str):
+        item["encrypted_content"] = saved["encrypted_content"]
+    texts = _strings(saved.get("content"))
+    if texts:
+        item["content"] = [{"type": "reasoning_text", "text": t} for t in texts]
+    if not store and "encrypted_content" not in item and not texts:
+        _log.debug(
+            "reasoning item %s is not sent back: it has neither encrypted content nor "
+            "text, and without stored items (store: false) the server cannot resolve "
+            "its id",
+            saved["id"],
+        )
+        return None
+    return item
+
+
+def _summary_part(text: str) -> dict[str, Any]:
+    return {"type": "summary_text", "text": text}
+
+
+def _strings(raw: object) -> list[str]:
+    return [x for x in raw if isinstance(x, str)] if isinstance(raw, list) else []
+
+
 def _text(content: Any) -> str:
     if content is None:
         return ""
     return content if isinstance(content, str) else json.dumps(content)
+
+
+def _parts(item: Mapping[str, Any], key: str, kind: str | None = None) -> list[str]:
+    """The texts of an item's `summary` or `content` parts (of type `kind` if given)."""
+    return [
+        p["text"]
+        for p in item.get(key) or ()
+        if isinstance(p, Mapping)
+        and isinstance(p.get("text"), str)
+        and (kind is None or p.get("type") == kind)
+    ]
 
 
 def strict_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -215,7 +257,9 @@ class OpenAIResponsesModel(OpenAIHttpModel):
 
     def body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
         """The JSON body of a request."""
-        instructions, items = to_responses_input(request.messages)
+        # `extra_body={"store": True}` keeps items on the server: ids alone then resolve.
+        store = self._extra.get("store") is True
+        instructions, items = to_responses_input(request.messages, store=store)
         body: dict[str, Any] = {"model": self.name, "input": items, "store": False}
         if instructions is not None:
             body["instructions"] = instructions
@@ -333,14 +377,12 @@ class OpenAIResponsesModel(OpenAIHttpModel):
                 call_id = str(item.get("call_id") or item.get("id") or "call_" + uuid.uuid4().hex)
                 calls.append(tool_call(call_id, str(item.get("name") or ""), item.get("arguments")))
             elif kind == "reasoning" and isinstance(item.get("id"), str):
-                summary = [
-                    s["text"]
-                    for s in item.get("summary") or ()
-                    if isinstance(s, Mapping) and isinstance(s.get("text"), str)
-                ]
-                kept: ReasoningItem = {"id": item["id"], "summary": summary}
+                kept: ReasoningItem = {"id": item["id"], "summary": _parts(item, "summary")}
                 if isinstance(item.get("encrypted_content"), str):
                     kept["encrypted_content"] = item["encrypted_content"]
+                thought = _parts(item, "content", "reasoning_text")
+                if thought:
+                    kept["content"] = thought
                 reasoning.append(kept)
             # Other item types (hosted tools we never offer) carry nothing for us.
         message: AssistantMessage = {"role": "assistant", "content": "".join(text)}
@@ -350,15 +392,18 @@ class OpenAIResponsesModel(OpenAIHttpModel):
             message["tool_calls"] = calls
         if reasoning:
             message[REASONING_ITEMS] = reasoning
-            summary_text = "\n\n".join(s for r in reasoning for s in r["summary"])
-            if summary_text:
-                message["reasoning"] = summary_text
+            # Each item's summary, or its reasoning text when it comes without one.
+            reasoning_text = "\n\n".join(
+                s for r in reasoning for s in (r["summary"] or r.get("content") or ())
+            )
+            if reasoning_text:
+                message["reasoning"] = reasoning_text
         return message, bool(refusal)
 
     async def _stream(self, request: ModelRequest) -> ModelResponse:
         sink = request.on_text
         thinking = request.on_reasoning
-        last_part: tuple[Any, Any] | None = None
+        last_part: tuple[Any, ...] | None = None
         text: list[str] = []
         done: dict[int, dict[str, Any]] = {}
         async for name, event in self._events(_PATH, self.body(request, stream=True)):
@@ -371,10 +416,17 @@ class OpenAIResponsesModel(OpenAIHttpModel):
                     text.append(piece)
                     if sink is not None:
                         sink(piece)
-            elif kind == "response.reasoning_summary_text.delta":
+            elif kind in (
+                "response.reasoning_summary_text.delta",
+                "response.reasoning_text.delta",
+            ):
                 piece = event.get("delta")
                 if isinstance(piece, str) and piece and thinking is not None:
-                    part = (event.get("item_id"), event.get("summary_index"))
+                    part = (
+                        kind,
+                        event.get("output_index"),
+                        event.get("summary_index", event.get("content_index")),
+                    )
                     if last_part is not None and part != last_part:
                         # The streamed pieces join to the message's `reasoning`.
                         thinking("\n\n")

