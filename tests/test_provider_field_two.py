@@ -225,3 +225,52 @@ async def test_with_stored_items_the_id_alone_goes_back(srv: ReplayServer) -> No
             "summary": [],
         }
     ]
+
+
+# -- 2. item ids that change during a stream -----------------------------------------------
+
+
+async def test_item_ids_come_from_the_completed_response(srv: ReplayServer) -> None:
+    fixture = "openai_responses/openrouter_gpt_oss_stream_ids_change"
+    srv.replay(fixture, fixture)
+    thread = Agent(responses(srv, "openai/gpt-oss-20b"), model_retry=NO_WAIT).thread("sum")
+    stream = thread.stream("What is 2+2?")
+    events = [e async for e in stream]
+    reply = await stream.reply()
+    assert reply.text == texts(events) == "4"
+    thought = (
+        'The user asks: "What is 2+2?" They expect a straightforward answer: 4. Just answer 4.'
+    )
+    assert "".join(e.text for e in events if isinstance(e, ReasoningEvent)) == thought
+    # What the `openai` SDK's final response holds: the id of response.completed.
+    assert reply.messages[-1]["reasoning_items"] == [
+        {"id": "rs_tmp_ku4i7pagjwn", "summary": [], "content": [thought]}
+    ]
+    assert reply.messages[-1]["reasoning"] == thought
+    again = thread.stream("And 3+3?")
+    _ = [e async for e in again]
+    assert reasoning_inputs(srv.requests[1]) == [
+        {
+            "type": "reasoning",
+            "id": "rs_tmp_ku4i7pagjwn",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": thought}],
+        }
+    ]
+    check_responses_bodies(srv)
+
+
+def test_the_recorded_stream_is_what_the_sdk_reads() -> None:
+    """The fixture's final response, read by the `openai` SDK, names the item as we do."""
+    import pydantic
+    from openai.types.responses import ResponseOutputItem
+
+    lines = load("openai_responses/openrouter_gpt_oss_stream_ids_change")["sse"]
+    events = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+    done = next(e for e in events if e["type"] == "response.completed")
+    output = pydantic.TypeAdapter(list[ResponseOutputItem]).validate_python(
+        done["response"]["output"]
+    )
+    assert output[0].id == "rs_tmp_ku4i7pagjwn"
+    added = next(e for e in events if e["type"] == "response.output_item.added")
+    assert added["item"]["id"] == "rs_tmp_2kbe7x16sax"

@@ -146,6 +146,28 @@ def _text(content: Any) -> str:
     return content if isinstance(content, str) else json.dumps(content)
 
 
+def _streamed_output(done: list[dict[str, Any]], final: list[Any]) -> list[Any]:
+    """The output items of a stream: those of its final response, as the `openai` SDK
+    reads them (a proxy may give an item another id there than in the events before
+    it), each with the `encrypted_content` of its `output_item.done` event (OpenAI: the
+    one to send back; the other events' may be incomplete). Items only one side lists
+    come from that side."""
+    out: list[Any] = []
+    for index in range(max(len(done), len(final))):
+        streamed = done[index] if index < len(done) else None
+        listed = final[index] if index < len(final) else None
+        if not isinstance(listed, Mapping) or streamed is None:
+            out.append(streamed if streamed is not None else listed)
+            continue
+        item = dict(listed)
+        if streamed.get("type") == item.get("type") and isinstance(
+            streamed.get("encrypted_content"), str
+        ):
+            item["encrypted_content"] = streamed["encrypted_content"]
+        out.append(item)
+    return out
+
+
 def _parts(item: Mapping[str, Any], key: str, kind: str | None = None) -> list[str]:
     """The texts of an item's `summary` or `content` parts (of type `kind` if given)."""
     return [
@@ -332,13 +354,13 @@ class OpenAIResponsesModel(OpenAIHttpModel):
         status = data.get("status")
         if status == "failed" or (status is None and data.get("error")):
             raise self._failed(data.get("error"))
-        # A stream's `output_item.done` items are the ones to send back (OpenAI: the
-        # `encrypted_content` of other events may be incomplete).
-        output = streamed or data.get("output")
+        output = data.get("output")
         if output is None:
             output = []
         if not isinstance(output, list):
             raise self._unreadable(f"'output' is not a list: {json.dumps(output)[:200]}")
+        if streamed:
+            output = _streamed_output(streamed, output)
         stop: ModelStopReason | None = None
         if status == "incomplete":
             details = data.get("incomplete_details")
