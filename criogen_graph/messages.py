@@ -225,8 +225,11 @@ class AssistantMessage(TypedDict):
     `reasoning` is the thinking (or summary) text; `reasoning_field` the Chat Completions
     field it came in (sent back there in a tool loop); `reasoning_blocks` Anthropic's
     thinking blocks with their signatures and `reasoning_items` the Responses API's
-    encrypted items, both sent back unchanged. `id` is the model node's `msg_...` id
-    (that of the stream's `text` events).
+    encrypted items, both sent back unchanged. `phase` is what the Responses API called
+    the text (`"commentary"`, a preamble before tool calls, or `"final_answer"`), and
+    `commentary` the preamble of a reply whose `content` is its final answer; both go
+    back with the message. `id` is the model node's `msg_...` id (that of the stream's
+    `text` events).
     """
 
     role: Literal["assistant"]
@@ -237,6 +240,8 @@ class AssistantMessage(TypedDict):
     reasoning_field: NotRequired[str]
     reasoning_blocks: NotRequired[list[dict[str, Any]]]
     reasoning_items: NotRequired[list[ReasoningItem]]
+    phase: NotRequired[str]
+    commentary: NotRequired[str]
 
 
 class ToolMessage(TypedDict):

@@ -532,8 +532,9 @@ def redact_messages(redactor: Redactor, messages: Iterable[_M]) -> list[_M]:
         m = dict(given)
         if isinstance(m.get("content"), str):
             m["content"] = redactor.redact(m["content"])
-        if isinstance(m.get("reasoning"), str):
-            m["reasoning"] = redactor.redact(m["reasoning"])
+        for key in ("reasoning", "commentary"):
+            if isinstance(m.get(key), str):
+                m[key] = redactor.redact(m[key])
         if isinstance(m.get("reasoning_blocks"), list):
             m["reasoning_blocks"] = [_redacted_block(redactor, b) for b in m["reasoning_blocks"]]
         if isinstance(m.get("reasoning_items"), list):

@@ -274,3 +274,107 @@ def test_the_recorded_stream_is_what_the_sdk_reads() -> None:
     assert output[0].id == "rs_tmp_ku4i7pagjwn"
     added = next(e for e in events if e["type"] == "response.output_item.added")
     assert added["item"]["id"] == "rs_tmp_2kbe7x16sax"
+
+
+# -- 3. `phase` on output messages ---------------------------------------------------------
+
+PREAMBLE = 'I\'ll check the capital lookup tool for "PotatoLand."'
+ANSWER = "The capital of PotatoLand is **Potato City**."
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_phase_is_kept_and_sent_back(srv: ReplayServer, streamed: bool) -> None:
+    prefix = "gpt55_stream_" if streamed else "gpt55_"
+    srv.replay(
+        f"openai_responses/{prefix}commentary_function_call",
+        f"openai_responses/{prefix}final_answer",
+        f"openai_responses/{prefix}final_answer",
+    )
+    agent = Agent(
+        responses(srv, "gpt-5.5"),
+        instructions="Briefly narrate what you are about to do before calling each tool.",
+        tools=[get_capital],
+        model_retry=NO_WAIT,
+    )
+    reply, events = await run(
+        agent, "What is the capital of PotatoLand?", streamed=streamed, thread="potato"
+    )
+    preamble = PREAMBLE if not streamed else "I’ll check the capital lookup tool for “PotatoLand.”"
+    assert reply.text == ANSWER
+    turn = next(m for m in reply.messages if m.get("tool_calls"))
+    assert turn["content"] == preamble and turn["phase"] == "commentary"
+    assert reply.messages[-1]["phase"] == "final_answer"
+    if streamed:
+        # Each message's streamed text is its saved text.
+        assert texts(events, turn["id"]) == preamble
+        assert texts(events, reply.messages[-1]["id"]) == ANSWER
+    # The preamble goes back with its phase, before the call it announced (the recorded
+    # client sent the same item, as an output message).
+    said = [i for i in srv.requests[1]["input"] if i.get("role") == "assistant"]
+    assert said == [
+        {"type": "message", "role": "assistant", "content": preamble, "phase": "commentary"}
+    ]
+    kinds = [i.get("type") for i in srv.requests[1]["input"]]
+    assert kinds[-3:] == ["message", "function_call", "function_call_output"]
+    await run(agent, "Thanks", streamed=streamed, thread="potato")
+    said = [i for i in srv.requests[2]["input"] if i.get("role") == "assistant"]
+    assert [(i["content"], i["phase"]) for i in said] == [
+        (preamble, "commentary"),
+        (ANSWER, "final_answer"),
+    ]
+    check_responses_bodies(srv)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_preamble_and_a_final_answer_in_one_reply(
+    srv: ReplayServer, streamed: bool
+) -> None:
+    """The two recorded message items of gpt-5.5 in one reply (as OpenAI documents it):
+    the answer is the final answer, the preamble is kept apart and goes back before it."""
+    recorded = load("openai_responses/gpt55_commentary_function_call")
+    preamble_item = next(i for i in recorded["body"]["output"] if i["type"] == "message")
+    final = load("openai_responses/gpt55_final_answer")
+    answer_item = final["body"]["output"][0]
+    body = {**final["body"], "output": [preamble_item, answer_item]}
+    if not streamed:
+        srv.add({"source": "two recorded gpt-5.5 items in one reply", "body": body})
+    else:
+        events = []
+        for index, item in enumerate(body["output"]):
+            events.append(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": index,
+                    "item": {**item, "content": []},
+                }
+            )
+            for piece in (item["content"][0]["text"][:9], item["content"][0]["text"][9:]):
+                events.append(
+                    {
+                        "type": "response.output_text.delta",
+                        "output_index": index,
+                        "item_id": item["id"],
+                        "content_index": 0,
+                        "delta": piece,
+                    }
+                )
+            events.append(
+                {"type": "response.output_item.done", "output_index": index, "item": item}
+            )
+        events.append({"type": "response.completed", "response": body})
+        sse = [line for e in events for line in (f"data: {json.dumps(e)}", "")]
+        srv.add({"source": "two recorded gpt-5.5 items in one reply", "sse": sse})
+    srv.replay("openai_responses/gpt55_final_answer")
+    agent = Agent(responses(srv, "gpt-5.5"), model_retry=NO_WAIT)
+    reply, events = await run(agent, "What is the capital of PotatoLand?", streamed=streamed)
+    assert reply.text == ANSWER
+    assert reply.messages[-1]["commentary"] == PREAMBLE
+    if streamed:
+        assert texts(events) == ANSWER
+    await agent.thread("t").send("Thanks")
+    said = [i for i in srv.requests[1]["input"] if i.get("role") == "assistant"]
+    assert [(i["content"], i["phase"]) for i in said] == [
+        (PREAMBLE, "commentary"),
+        (ANSWER, "final_answer"),
+    ]
+    check_responses_bodies(srv)

@@ -82,8 +82,12 @@ def to_responses_input(
                     items.append(item)
             calls = m.get("tool_calls") or []
             text = _text(content)
+            phase = m.get("phase")
+            commentary = m.get("commentary")
+            if isinstance(commentary, str) and commentary:
+                items.append(_said(commentary, "commentary"))
             if text or not calls:
-                items.append({"type": "message", "role": "assistant", "content": text})
+                items.append(_said(text, phase))
             for c in calls:
                 if c.get("provider_id") is not None:
                     wire[c["id"]] = c["provider_id"]
@@ -105,6 +109,18 @@ def to_responses_input(
                 }
             )
     return ("\n\n".join(instructions) if instructions else None), items
+
+
+#: The `phase` values of an assistant message (OpenAI: send them back on every one).
+_PHASES = ("commentary", "final_answer")
+
+
+def _said(text: str, phase: object) -> dict[str, Any]:
+    """An assistant message input item, with its phase when it had one."""
+    item: dict[str, Any] = {"type": "message", "role": "assistant", "content": text}
+    if phase in _PHASES:
+        item["phase"] = phase
+    return item
 
 
 def _reasoning_input(saved: object, store: bool) -> dict[str, Any] | None:
@@ -379,7 +395,9 @@ class OpenAIResponsesModel(OpenAIHttpModel):
         return ModelResponse(message, _usage(data.get("usage")), stop)
 
     def _read_output(self, output: list[Any]) -> tuple[AssistantMessage, bool]:
-        text: list[str] = []
+        # The text of the message items by phase ("" for none): a final answer is the
+        # reply's text, a commentary preamble beside it is kept apart.
+        said: dict[str, list[str]] = {"": [], "commentary": [], "final_answer": []}
         refusal: list[str] = []
         calls: list[ToolCallData] = []
         reasoning: list[ReasoningItem] = []
@@ -388,6 +406,8 @@ class OpenAIResponsesModel(OpenAIHttpModel):
                 raise self._unreadable(f"an output item is not an object: {item!r:.200}")
             kind = item.get("type")
             if kind == "message":
+                phase = item.get("phase")
+                text = said[phase if phase in _PHASES else ""]
                 for part in item.get("content") or ():
                     if not isinstance(part, Mapping):
                         continue
@@ -407,7 +427,17 @@ class OpenAIResponsesModel(OpenAIHttpModel):
                     kept["content"] = thought
                 reasoning.append(kept)
             # Other item types (hosted tools we never offer) carry nothing for us.
-        message: AssistantMessage = {"role": "assistant", "content": "".join(text)}
+        message: AssistantMessage = {"role": "assistant", "content": ""}
+        if said["final_answer"]:
+            message["content"] = "".join(said["final_answer"] + said[""])
+            message["phase"] = "final_answer"
+            if said["commentary"]:
+                message["commentary"] = "".join(said["commentary"])
+        elif said["commentary"]:
+            message["content"] = "".join(said["commentary"] + said[""])
+            message["phase"] = "commentary"
+        else:
+            message["content"] = "".join(said[""])
         if refusal and not message["content"]:
             message["content"] = "".join(refusal)
         if calls:
@@ -428,6 +458,19 @@ class OpenAIResponsesModel(OpenAIHttpModel):
         last_part: tuple[Any, ...] | None = None
         text: list[str] = []
         done: dict[int, dict[str, Any]] = {}
+        # A commentary preamble is the reply's text unless a final answer follows it in
+        # the same reply: its pieces wait until that is known, so that the streamed text
+        # is the saved text.
+        phases: dict[object, object] = {}
+        held: list[str] | None = None
+
+        def release() -> None:
+            nonlocal held
+            if held and sink is not None:
+                for piece in held:
+                    sink(piece)
+            held = None
+
         async for name, event in self._events(_PATH, self.body(request, stream=True)):
             if not isinstance(event, Mapping):
                 raise self._unreadable(f"a stream event is not an object: {event!r:.200}")
@@ -436,8 +479,19 @@ class OpenAIResponsesModel(OpenAIHttpModel):
                 piece = event.get("delta")
                 if isinstance(piece, str) and piece:
                     text.append(piece)
-                    if sink is not None:
+                    if phases.get(event.get("output_index")) == "commentary":
+                        held = held if held is not None else []
+                        held.append(piece)
+                    elif sink is not None:
                         sink(piece)
+            elif kind == "response.output_item.added":
+                item = event.get("item")
+                phase = item.get("phase") if isinstance(item, Mapping) else None
+                phases[event.get("output_index")] = phase
+                if phase == "final_answer":
+                    held = None  # kept as the reply's `commentary`, not its text
+                elif phase != "commentary":
+                    release()
             elif kind in (
                 "response.reasoning_summary_text.delta",
                 "response.reasoning_text.delta",
@@ -464,6 +518,8 @@ class OpenAIResponsesModel(OpenAIHttpModel):
                 if kind == "response.failed" and not isinstance(final, Mapping):
                     raise self._failed(None)
                 response = self._finish(final, [done[i] for i in sorted(done)])
+                if response.message.get("phase") != "final_answer":
+                    release()
                 if text and not response.message["content"]:
                     # A server that streams the text but lists no items for it.
                     response.message["content"] = "".join(text)
