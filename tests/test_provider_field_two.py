@@ -378,3 +378,56 @@ async def test_a_preamble_and_a_final_answer_in_one_reply(
         (ANSWER, "final_answer"),
     ]
     check_responses_bodies(srv)
+
+
+# -- 4. Mistral's reasoning replies through the OpenAI-compatible adapter ------------------
+
+
+def mistral_parts(fixture: str) -> tuple[str, str]:
+    """`(text, thinking)` of a recorded Magistral reply, read straight from the fixture."""
+    data = load(fixture)
+    if "body" in data:
+        contents = [data["body"]["choices"][0]["message"]["content"]]
+    else:
+        chunks = [json.loads(x[6:]) for x in data["sse"] if x.startswith("data: {")]
+        contents = [c["delta"].get("content") for e in chunks for c in e["choices"]]
+    text: list[str] = []
+    thought: list[str] = []
+    for content in contents:
+        if isinstance(content, str):
+            text.append(content)
+            continue
+        for chunk in content or ():
+            if chunk["type"] == "text":
+                text.append(chunk["text"])
+            elif chunk["type"] == "thinking":
+                thought += [t["text"] for t in chunk["thinking"]]
+    return "".join(text), "".join(thought)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "streamed"),
+    [
+        ("openai/mistral_magistral_thinking", False),
+        ("openai/mistral_magistral_thinking_stream", True),
+    ],
+)
+async def test_magistral_thinking_chunks_are_reasoning_and_text_chunks_the_answer(
+    srv: ReplayServer, fixture: str, streamed: bool
+) -> None:
+    srv.replay(fixture, fixture)
+    agent = Agent(chat(srv, "magistral-medium-latest"), model_retry=NO_WAIT)
+    reply, events = await run(agent, "How do I cross the street?", streamed=streamed)
+    text, thought = mistral_parts(fixture)
+    assert text and thought
+    assert reply.text == text
+    assert reply.messages[-1]["reasoning"] == thought
+    assert "reasoning_field" not in reply.messages[-1]
+    if streamed:
+        assert texts(events) == text
+        assert "".join(e.text for e in events if isinstance(e, ReasoningEvent)) == thought
+    # The next turn sends the answer back as text, in the typed Chat Completions form.
+    await run(agent, "And a river?", streamed=streamed)
+    assistant = [m for m in srv.requests[1]["messages"] if m["role"] == "assistant"]
+    assert assistant == [{"role": "assistant", "content": text}]
+    check_chat_bodies(srv)

@@ -95,6 +95,31 @@ def _assistant(m: AssistantMessage, in_loop: bool, wire: dict[object, object]) -
     return msg
 
 
+def _chunks(content: Any) -> tuple[str, str]:
+    """`(text, thinking)` of a message's or a delta's `content`: a string, nothing, or
+    a list of typed chunks (Mistral's reasoning models: `thinking` chunks, whose own
+    `thinking` is a list of text chunks, then `text` chunks). Chunks of other types
+    (references, images) carry no text; anything else is a `ValueError`."""
+    if content is None or isinstance(content, str):
+        return content or "", ""
+    if not isinstance(content, list):
+        raise ValueError(f"'content' is neither text nor a list of chunks: {content!r:.200}")
+    text: list[str] = []
+    thought: list[str] = []
+    for chunk in content:
+        if not isinstance(chunk, Mapping):
+            raise ValueError(f"a content chunk is not an object: {chunk!r:.200}")
+        kind = chunk.get("type")
+        if kind == "text":
+            if not isinstance(chunk.get("text"), str):
+                raise ValueError(f"a text chunk without text: {chunk!r:.200}")
+            text.append(chunk["text"])
+        elif kind == "thinking":
+            inner, deeper = _chunks(chunk.get("thinking"))
+            thought.append(inner + deeper)
+    return "".join(text), "".join(thought)
+
+
 def _usage(raw: Mapping[str, Any] | None) -> Usage:
     usage = empty_usage()
     usage["input_tokens"] = tokens(raw, "prompt_tokens")
@@ -223,12 +248,19 @@ class OpenAIModel(OpenAIHttpModel):
         raw = choice.get("message") or {}
         if choice.get("finish_reason") == "error" or raw.get("error"):
             raise self._stream_error(raw.get("error") or choice.get("error") or {})
-        message: AssistantMessage = {"role": "assistant", "content": raw.get("content") or ""}
+        text, thought = _chunks(raw.get("content"))
+        message: AssistantMessage = {"role": "assistant", "content": text}
         for field in _REASONING_FIELDS:
             if isinstance(raw.get(field), str) and raw[field]:
                 message["reasoning"] = raw[field]
                 message["reasoning_field"] = field
                 break
+        else:
+            if thought:
+                # Thinking chunks (Mistral) are not sent back: the typed Chat
+                # Completions message has no place for them, and Mistral does not
+                # require them.
+                message["reasoning"] = thought
         calls = _calls(raw.get("tool_calls") or [])
         if calls:
             message["tool_calls"] = calls
@@ -261,7 +293,11 @@ class OpenAIModel(OpenAIHttpModel):
                     usage_raw = chunk["usage"]
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta") or {}
-                    piece = delta.get("content")
+                    piece, chunk_thought = _chunks(delta.get("content"))
+                    if chunk_thought:
+                        reasoning.append(chunk_thought)
+                        if thinking is not None:
+                            thinking(chunk_thought)
                     if piece:
                         text.append(piece)
                         if sink is not None:
@@ -302,7 +338,8 @@ class OpenAIModel(OpenAIHttpModel):
         message: AssistantMessage = {"role": "assistant", "content": "".join(text)}
         if reasoning:
             message["reasoning"] = "".join(reasoning)
-            message["reasoning_field"] = reasoning_field
+            if reasoning_field:
+                message["reasoning_field"] = reasoning_field
         calls = _calls([partial[i] for i in sorted(partial)])
         if calls:
             message["tool_calls"] = calls
