@@ -224,12 +224,13 @@ class AssistantMessage(TypedDict):
 
     `reasoning` is the thinking (or summary) text; `reasoning_field` the Chat Completions
     field it came in (sent back there in a tool loop); `reasoning_blocks` Anthropic's
-    thinking blocks with their signatures and `reasoning_items` the Responses API's
-    encrypted items, both sent back unchanged. `phase` is what the Responses API called
-    the text (`"commentary"`, a preamble before tool calls, or `"final_answer"`), and
-    `commentary` the preamble of a reply whose `content` is its final answer; both go
-    back with the message. `id` is the model node's `msg_...` id (that of the stream's
-    `text` events).
+    thinking blocks with their signatures and its server-tool blocks (a web search's
+    `server_tool_use` and `web_search_tool_result`, ...), in their order, and
+    `reasoning_items` the Responses API's items, both sent back unchanged. `phase` is
+    what the Responses API called the text (`"commentary"`, a preamble before tool
+    calls, or `"final_answer"`), and `commentary` the preamble of a reply whose
+    `content` is its final answer; both go back with the message. `id` is the model
+    node's `msg_...` id (that of the stream's `text` events).
     """
 
     role: Literal["assistant"]

@@ -550,6 +550,9 @@ def redact_messages(redactor: Redactor, messages: Iterable[_M]) -> list[_M]:
 
 
 def _redacted_block(redactor: Redactor, block: Any) -> Any:
+    if isinstance(block, dict) and isinstance(block.get("input"), dict):
+        # A server tool's call (Anthropic web search): its input is the model's text.
+        return {**block, "input": redactor.redact_value(block["input"])}
     if not isinstance(block, dict) or not isinstance(block.get("thinking"), str):
         return block
     clean = redactor.redact(block["thinking"])

@@ -431,3 +431,79 @@ async def test_magistral_thinking_chunks_are_reasoning_and_text_chunks_the_answe
     assistant = [m for m in srv.requests[1]["messages"] if m["role"] == "assistant"]
     assert assistant == [{"role": "assistant", "content": text}]
     check_chat_bodies(srv)
+
+
+# -- 6. Anthropic server-tool blocks -------------------------------------------------------
+
+
+def anthropic_parts(fixture: str) -> tuple[str, list[dict[str, Any]]]:
+    """`(text, server-tool blocks)` of a recorded reply, read straight from the fixture."""
+    data = load(fixture)
+    if "body" in data:
+        blocks = data["body"]["content"]
+    else:
+        events = [json.loads(x[6:]) for x in data["sse"] if x.startswith("data: {")]
+        blocks = []
+        for e in events:
+            if e["type"] == "content_block_start":
+                blocks.append(dict(e["content_block"]))
+                blocks[-1]["_json"] = ""
+            elif e["type"] == "content_block_delta":
+                delta = e["delta"]
+                if delta["type"] == "text_delta":
+                    blocks[e["index"]]["text"] += delta["text"]
+                elif delta["type"] == "input_json_delta":
+                    blocks[e["index"]]["_json"] += delta["partial_json"]
+        for b in blocks:
+            raw = b.pop("_json")
+            if raw:
+                b["input"] = json.loads(raw)
+    text = "".join(b["text"] for b in blocks if b["type"] == "text")
+    server = [b for b in blocks if b["type"] in ("server_tool_use", "web_search_tool_result")]
+    return text, server
+
+
+@pytest.mark.parametrize(
+    ("fixture", "streamed"),
+    [
+        ("anthropic/web_search_server_tool", False),
+        ("anthropic/web_search_server_tool_stream", True),
+    ],
+)
+async def test_server_tool_blocks_are_kept_and_sent_back_unchanged(
+    srv: ReplayServer, fixture: str, streamed: bool
+) -> None:
+    srv.replay(fixture, fixture)
+    web_search = {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}
+    model = claude(srv, "claude-sonnet-4-0", extra_body=web_search)
+    agent = Agent(model, model_retry=NO_WAIT)
+    reply, events = await run(
+        agent, "What is the weather in San Francisco today?", streamed=streamed
+    )
+    text, server = anthropic_parts(fixture)
+    assert len(server) >= 2 and server[0]["input"]["query"]
+    assert reply.stop_reason == "final_answer"
+    assert reply.text == text
+    if streamed:
+        assert texts(events) == text
+    kept = reply.messages[-1]["reasoning_blocks"]
+    assert [b for b in kept if b["type"] != "thinking"] == server
+    await run(agent, "And in Mexico City?", streamed=streamed)
+    (assistant,) = [m for m in srv.requests[1]["messages"] if m["role"] == "assistant"]
+    sent = [
+        b
+        for b in assistant["content"]
+        if b["type"] in ("server_tool_use", "web_search_tool_result")
+    ]
+    assert sent == server
+    check_anthropic_bodies(srv)
+
+
+async def test_a_reply_of_only_a_server_tool_call_is_kept(srv: ReplayServer) -> None:
+    # Until now a non-retried bad_request ("a content block of unknown type").
+    srv.replay("anthropic/unknown_block")
+    reply, _ = await run(Agent(claude(srv, "claude-sonnet-4")), "Rome?", streamed=False)
+    assert reply.text == ""
+    assert (
+        reply.messages[-1]["reasoning_blocks"] == load("anthropic/unknown_block")["body"]["content"]
+    )

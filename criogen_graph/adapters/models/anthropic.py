@@ -39,6 +39,20 @@ _FAILED: frozenset[ToolStatus] = frozenset({"error", "timeout", "rejected"})
 EMPTY_TEXT = "(empty)"
 #: Reasoning blocks the API wants back, unchanged, on the next turn of a tool loop.
 _REASONING_TYPES = frozenset({"thinking", "redacted_thinking"})
+
+
+def _server_block(kind: object) -> bool:
+    """Whether a block type is one of a server tool the API ran itself (web search, web
+    fetch, code execution, tool search, MCP connector): its call (`server_tool_use`,
+    `mcp_tool_use`), its result (`web_search_tool_result`, ...) or an upload. They
+    are kept and go back unchanged, like thinking."""
+    if not isinstance(kind, str) or kind == "tool_result":
+        return False
+    return kind in ("server_tool_use", "mcp_tool_use", "mcp_tool_result", "container_upload") or (
+        kind.endswith("_tool_result")
+    )
+
+
 #: Stop reasons of an answer cut off by a token limit.
 _CUT = frozenset({"max_tokens", "model_context_window_exceeded"})
 
@@ -92,9 +106,10 @@ def to_anthropic_messages(messages: list[Message]) -> tuple[str, list[dict[str, 
 
 
 def _reasoning_blocks(raw: Any) -> list[dict[str, Any]]:
-    """The reasoning blocks of a transcript message that can go back: thinking with its
-    signature (a block whose text a redaction policy changed has lost it, and would be
-    rejected) and redacted thinking with its data."""
+    """The kept blocks of a transcript message that can go back, in their order:
+    thinking with its signature (a block whose text a redaction policy changed has lost
+    it, and would be rejected), redacted thinking with its data, and server-tool blocks
+    as they came."""
     out: list[dict[str, Any]] = []
     for b in raw if isinstance(raw, list) else ():
         if not isinstance(b, Mapping):
@@ -104,6 +119,8 @@ def _reasoning_blocks(raw: Any) -> list[dict[str, Any]]:
             out.append({"type": "thinking", "thinking": thought, "signature": b["signature"]})
         elif b.get("type") == "redacted_thinking" and b.get("data"):
             out.append({"type": "redacted_thinking", "data": b["data"]})
+        elif _server_block(b.get("type")):
+            out.append(dict(b))
     return out
 
 
@@ -260,7 +277,7 @@ class AnthropicModel(HttpModel):
                 texts.append(str(b.get("text") or ""))
             elif kind == "tool_use":
                 calls.append(_call(b, b.get("input")))
-            elif kind in _REASONING_TYPES:
+            elif kind in _REASONING_TYPES or _server_block(kind):
                 reasoning.append(dict(b))
             else:
                 raise self._unknown_block(b)
@@ -272,7 +289,8 @@ class AnthropicModel(HttpModel):
         kind = block.get("type") if isinstance(block, dict) else None
         return self._unreadable(
             f"a content block of unknown type {kind!r} ({json.dumps(block)[:200]}); this "
-            "adapter reads text, tool_use, thinking and redacted_thinking blocks",
+            "adapter reads text, tool_use, thinking, redacted_thinking and server-tool "
+            "blocks",
             kind="bad_request",
         )
 
@@ -282,8 +300,10 @@ class AnthropicModel(HttpModel):
         texts: list[str] = []
         # tool_use blocks by index, with the JSON text of their input so far
         tools: dict[int, tuple[dict[str, Any], list[str]]] = {}
-        # thinking blocks by index, filled in by their deltas
+        # thinking and server-tool blocks by index, filled in by their deltas
         thoughts: dict[int, dict[str, Any]] = {}
+        # the JSON text of a server tool call's input, by index
+        server_input: dict[int, list[str]] = {}
         usage: dict[str, Any] = {}
         stop: Any = None
         finished = False
@@ -306,6 +326,8 @@ class AnthropicModel(HttpModel):
                         slot = tools.get(index)
                         if slot is not None:
                             slot[1].append(delta.get("partial_json") or "")
+                        elif index in server_input:
+                            server_input[index].append(str(delta.get("partial_json") or ""))
                     elif dtype == "thinking_delta" and index in thoughts:
                         piece = str(delta.get("thinking") or "")
                         thoughts[index]["thinking"] += piece
@@ -332,6 +354,10 @@ class AnthropicModel(HttpModel):
                         }
                     elif btype == "redacted_thinking":
                         thoughts[index] = dict(block)
+                    elif _server_block(btype):
+                        thoughts[index] = dict(block)
+                        if "input" in block:
+                            server_input[index] = []
                     else:
                         raise self._unknown_block(block)
                 elif kind == "message_start":
@@ -353,6 +379,14 @@ class AnthropicModel(HttpModel):
             _call(block, "".join(parts) if parts else block.get("input"))
             for _, (block, parts) in sorted(tools.items())
         ]
+        for index, parts in server_input.items():
+            if "".join(parts).strip():
+                try:
+                    thoughts[index]["input"] = json.loads("".join(parts))
+                except ValueError as exc:
+                    raise self._unreadable(
+                        f"a server tool call's input is not JSON: {''.join(parts)[:200]!r}"
+                    ) from exc
         reasoning = [b for _, b in sorted(thoughts.items())]
         return _reply(texts, calls, stop, usage, reasoning)
 
