@@ -154,8 +154,24 @@ def _usage(raw: Mapping[str, Any]) -> Usage:
 def _call(block: Mapping[str, Any], raw: Any) -> ToolCallData:
     """A transcript tool call from a `tool_use` block and its input (an object, or the
     JSON text a stream delivered)."""
+    name = block.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a tool_use block without a name: {json.dumps(block)[:200]}")
     call_id = block.get("id") or "toolu_" + uuid.uuid4().hex[:24]
-    return tool_call(call_id, block.get("name") or "", raw)
+    return tool_call(call_id, name, raw)
+
+
+def _checked(block: Any) -> str:
+    """The type of a content block, once its fields are what that type needs (a
+    `ValueError` says what is wrong): text a string, thinking its text, redacted
+    thinking its data."""
+    if not isinstance(block, Mapping) or not isinstance(block.get("type"), str):
+        raise ValueError(f"a content block without a type: {json.dumps(block)[:200]}")
+    kind: str = block["type"]
+    needs = {"text": "text", "thinking": "thinking", "redacted_thinking": "data"}.get(kind)
+    if needs is not None and not isinstance(block.get(needs), str):
+        raise ValueError(f"a {kind} block without its {needs}: {json.dumps(block)[:200]}")
+    return kind
 
 
 def _reply(
@@ -272,14 +288,17 @@ class AnthropicModel(HttpModel):
         calls: list[ToolCallData] = []
         reasoning: list[dict[str, Any]] = []
         for b in content:
-            kind = b.get("type") if isinstance(b, dict) else None
+            try:
+                kind = _checked(b)
+                if kind == "tool_use":
+                    calls.append(_call(b, b.get("input")))
+            except ValueError as exc:
+                raise self._unreadable(str(exc)) from exc
             if kind == "text":
-                texts.append(str(b.get("text") or ""))
-            elif kind == "tool_use":
-                calls.append(_call(b, b.get("input")))
+                texts.append(b["text"])
             elif kind in _REASONING_TYPES or _server_block(kind):
                 reasoning.append(dict(b))
-            else:
+            elif kind != "tool_use":
                 raise self._unknown_block(b)
         usage = data.get("usage")
         usage = usage if isinstance(usage, dict) else {}
@@ -306,7 +325,7 @@ class AnthropicModel(HttpModel):
         server_input: dict[int, list[str]] = {}
         usage: dict[str, Any] = {}
         stop: Any = None
-        finished = False
+        started = finished = False
         async for name, event in self._events(_PATH, self.body(request, stream=True)):
             if not isinstance(event, dict):
                 raise self._unreadable(f"a stream event is not an object: {str(event)[:200]}")
@@ -319,6 +338,8 @@ class AnthropicModel(HttpModel):
                     dtype = delta.get("type")
                     index = int(event.get("index", -1))
                     if dtype == "text_delta" and delta.get("text"):
+                        if not isinstance(delta["text"], str):
+                            raise ValueError("a text_delta whose text is not a string")
                         texts.append(delta["text"])
                         if sink is not None:
                             sink(delta["text"])
@@ -336,10 +357,11 @@ class AnthropicModel(HttpModel):
                     elif dtype == "signature_delta" and index in thoughts:
                         thoughts[index]["signature"] += str(delta.get("signature") or "")
                 elif kind == "content_block_start":
-                    block = event.get("content_block") or {}
-                    btype = block.get("type")
+                    block: Any = event.get("content_block")
+                    btype = _checked(block)
                     index = int(event.get("index", len(tools) + len(thoughts)))
                     if btype == "tool_use":
+                        _call(block, None)  # a block without a name is not a call
                         tools[index] = (block, [])
                     elif btype == "text":
                         if block.get("text"):
@@ -361,6 +383,7 @@ class AnthropicModel(HttpModel):
                     else:
                         raise self._unknown_block(block)
                 elif kind == "message_start":
+                    started = True
                     usage.update((event.get("message") or {}).get("usage") or {})
                 elif kind == "message_delta":
                     stop = (event.get("delta") or {}).get("stop_reason") or stop
@@ -375,6 +398,8 @@ class AnthropicModel(HttpModel):
                 ) from exc
         if not finished:
             raise self._error("connection", "the stream ended before message_stop")
+        if not started:
+            raise self._unreadable("the stream has no message_start event")
         calls = [
             _call(block, "".join(parts) if parts else block.get("input"))
             for _, (block, parts) in sorted(tools.items())

@@ -133,8 +133,10 @@ def _calls(raw_calls: list[dict[str, Any]]) -> list[ToolCallData]:
     calls = []
     for c in raw_calls:
         fn = c.get("function") or {}
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ValueError(f"a tool call without a name: {json.dumps(c, default=str)[:200]}")
         call_id = c.get("id") or "call_" + uuid.uuid4().hex[:16]
-        calls.append(tool_call(call_id, fn.get("name") or "", fn.get("arguments")))
+        calls.append(tool_call(call_id, fn["name"], fn.get("arguments")))
     return calls
 
 
@@ -243,9 +245,11 @@ class OpenAIModel(OpenAIHttpModel):
             raise self._stream_error(data["error"])
         choices = data.get("choices") or []
         if not choices:
-            raise self._error("transient", f"the response has no choices: {json.dumps(data)[:200]}")
+            raise self._unreadable(f"the response has no choices: {json.dumps(data)[:200]}")
         choice = choices[0]
-        raw = choice.get("message") or {}
+        raw = choice.get("message")
+        if not isinstance(raw, Mapping):
+            raise ValueError("the choice has no message")
         if choice.get("finish_reason") == "error" or raw.get("error"):
             raise self._stream_error(raw.get("error") or choice.get("error") or {})
         text, thought = _chunks(raw.get("content"))
@@ -279,6 +283,8 @@ class OpenAIModel(OpenAIHttpModel):
         refusal: list[str] = []
         partial: dict[int, dict[str, Any]] = {}
         finish: str | None = None
+        # Choices that could not be read: the reply is unreadable if nothing else came.
+        problems: list[str] = []
         usage_raw: dict[str, Any] | None = None
         async for name, chunk in self._events(
             self._path, self.body(request, stream=True), self._params
@@ -292,7 +298,10 @@ class OpenAIModel(OpenAIHttpModel):
                 if chunk.get("usage"):
                     usage_raw = chunk["usage"]
                 for choice in chunk.get("choices") or ():
-                    delta = choice.get("delta") or {}
+                    delta = choice.get("delta")
+                    if not isinstance(delta, Mapping):
+                        problems.append(f"a choice without a delta: {json.dumps(choice)[:200]}")
+                        delta = {}
                     piece, chunk_thought = _chunks(delta.get("content"))
                     if chunk_thought:
                         reasoning.append(chunk_thought)
@@ -340,7 +349,12 @@ class OpenAIModel(OpenAIHttpModel):
             message["reasoning"] = "".join(reasoning)
             if reasoning_field:
                 message["reasoning_field"] = reasoning_field
-        calls = _calls([partial[i] for i in sorted(partial)])
+        if problems and not (text or reasoning or partial or refusal):
+            raise self._unreadable(problems[0])
+        try:
+            calls = _calls([partial[i] for i in sorted(partial)])
+        except ValueError as exc:
+            raise self._unreadable(str(exc)) from exc
         if calls:
             message["tool_calls"] = calls
         return ModelResponse(message, _usage(usage_raw), _stop(finish, "".join(refusal), message))

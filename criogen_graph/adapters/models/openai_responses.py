@@ -372,6 +372,8 @@ class OpenAIResponsesModel(OpenAIHttpModel):
             raise self._failed(data.get("error"))
         output = data.get("output")
         if output is None:
+            if not streamed:
+                raise self._unreadable(f"the response has no 'output': {json.dumps(data)[:200]}")
             output = []
         if not isinstance(output, list):
             raise self._unreadable(f"'output' is not a list: {json.dumps(output)[:200]}")
@@ -401,23 +403,35 @@ class OpenAIResponsesModel(OpenAIHttpModel):
         refusal: list[str] = []
         calls: list[ToolCallData] = []
         reasoning: list[ReasoningItem] = []
+        # What could not be read: the reply is unreadable when nothing else is there.
+        problems: list[str] = []
         for item in output:
             if not isinstance(item, Mapping):
                 raise self._unreadable(f"an output item is not an object: {item!r:.200}")
             kind = item.get("type")
-            if kind == "message":
+            if not isinstance(kind, str):
+                problems.append(f"an output item without a type: {json.dumps(item)[:200]}")
+            elif kind == "message":
                 phase = item.get("phase")
                 text = said[phase if phase in _PHASES else ""]
-                for part in item.get("content") or ():
-                    if not isinstance(part, Mapping):
-                        continue
-                    if part.get("type") == "output_text" and isinstance(part.get("text"), str):
+                parts = item.get("content")
+                if not isinstance(parts, list):
+                    problems.append(f"a message whose content is not a list: {parts!r:.200}")
+                    continue
+                for part in parts:
+                    kind = part.get("type") if isinstance(part, Mapping) else None
+                    if kind == "output_text" and isinstance(part.get("text"), str):
                         text.append(part["text"])
-                    elif part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
+                    elif kind == "refusal" and isinstance(part.get("refusal"), str):
                         refusal.append(part["refusal"])
+                    else:
+                        problems.append(f"a content part this adapter cannot read: {part!r:.200}")
             elif kind == "function_call":
+                name = item.get("name")
+                if not isinstance(name, str) or not name:
+                    raise self._unreadable(f"a function_call without a name: {item!r:.200}")
                 call_id = str(item.get("call_id") or item.get("id") or "call_" + uuid.uuid4().hex)
-                calls.append(tool_call(call_id, str(item.get("name") or ""), item.get("arguments")))
+                calls.append(tool_call(call_id, name, item.get("arguments")))
             elif kind == "reasoning" and isinstance(item.get("id"), str):
                 kept: ReasoningItem = {"id": item["id"], "summary": _parts(item, "summary")}
                 if isinstance(item.get("encrypted_content"), str):
@@ -438,6 +452,8 @@ class OpenAIResponsesModel(OpenAIHttpModel):
             message["phase"] = "commentary"
         else:
             message["content"] = "".join(said[""])
+        if problems and not (message["content"] or refusal or calls or reasoning):
+            raise self._unreadable(problems[0])
         if refusal and not message["content"]:
             message["content"] = "".join(refusal)
         if calls:
