@@ -507,3 +507,46 @@ async def test_a_reply_of_only_a_server_tool_call_is_kept(srv: ReplayServer) -> 
     assert (
         reply.messages[-1]["reasoning_blocks"] == load("anthropic/unknown_block")["body"]["content"]
     )
+
+
+# -- the new text the messages keep goes through the redactor -------------------------------
+
+
+async def test_reasoning_text_commentary_and_search_queries_are_redacted(
+    srv: ReplayServer,
+) -> None:
+    from criogen_graph import Redactor
+
+    srv.replay(
+        "openai_responses/deepseek_reasoning_text_function_call",
+        "openai_responses/deepseek_text_after_tool",
+    )
+    policy = Redactor({r"Tokyo": "[CITY]", r"PotatoLand": "[LAND]", r"San Francisco": "[SF]"})
+    reply = await Agent(
+        responses(srv, "deepseek-v4-flash"), tools=[get_temperature], redact=policy
+    ).run("What is the temperature in Tokyo?")
+    saved = json.dumps(reply.messages)
+    assert "Tokyo" not in saved and "[CITY]" in saved
+    (item,) = next(m for m in reply.messages if m.get("tool_calls"))["reasoning_items"]
+    assert "[CITY]" in item["content"][0]
+
+    recorded = load("openai_responses/gpt55_commentary_function_call")
+    both = {
+        **recorded["body"],
+        "output": [
+            recorded["body"]["output"][1],
+            *load("openai_responses/gpt55_final_answer")["body"]["output"],
+        ],
+    }
+    srv.add({"source": "two recorded gpt-5.5 items in one reply", "body": both})
+    reply = await Agent(responses(srv, "gpt-5.5"), redact=policy).run("Capital?")
+    assert "PotatoLand" not in json.dumps(reply.messages[-1])
+    assert "[LAND]" in reply.messages[-1]["commentary"]
+
+    srv.replay("anthropic/web_search_server_tool")
+    web_search = {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}
+    reply = await Agent(claude(srv, "claude-sonnet-4-0", extra_body=web_search), redact=policy).run(
+        "What is the weather in San Francisco today?"
+    )
+    call = next(b for b in reply.messages[-1]["reasoning_blocks"] if b["type"] == "server_tool_use")
+    assert call["input"] == {"query": "[SF] weather today"}
