@@ -550,3 +550,21 @@ def test_the_catalogue_covers_every_provider_both_ways() -> None:
     for provider in ("openai", "responses", "anthropic", "gemini"):
         kinds = {"sse" in r for p, _, r in CASES if p == provider}
         assert kinds == {True, False}, provider
+
+
+async def test_an_error_choice_without_a_message_keeps_the_providers_error(
+    srv: ReplayServer,
+) -> None:
+    # OpenRouter ends a failed generation with finish_reason "error": that is the
+    # provider's error, not an unreadable reply.
+    choice = {
+        "index": 0,
+        "finish_reason": "error",
+        "error": {"code": 502, "message": "Upstream overloaded"},
+    }
+    srv.add(
+        {"source": "OpenRouter's error choice without a message", "body": {"choices": [choice]}}
+    )
+    with pytest.raises(ModelError) as info:
+        await Agent(make("openai", srv), model_retry=ONE_TRY).run("hi")
+    assert "Upstream overloaded" in str(info.value)

@@ -248,10 +248,12 @@ class OpenAIModel(OpenAIHttpModel):
             raise self._unreadable(f"the response has no choices: {json.dumps(data)[:200]}")
         choice = choices[0]
         raw = choice.get("message")
+        inner = raw.get("error") if isinstance(raw, Mapping) else None
+        if choice.get("finish_reason") == "error" or inner:
+            # OpenRouter: a provider's failure as the choice, with or without a message.
+            raise self._stream_error(inner or choice.get("error") or {})
         if not isinstance(raw, Mapping):
             raise ValueError("the choice has no message")
-        if choice.get("finish_reason") == "error" or raw.get("error"):
-            raise self._stream_error(raw.get("error") or choice.get("error") or {})
         text, thought = _chunks(raw.get("content"))
         message: AssistantMessage = {"role": "assistant", "content": text}
         for field in _REASONING_FIELDS:
