@@ -550,3 +550,52 @@ async def test_reasoning_text_commentary_and_search_queries_are_redacted(
     )
     call = next(b for b in reply.messages[-1]["reasoning_blocks"] if b["type"] == "server_tool_use")
     assert call["input"] == {"query": "[SF] weather today"}
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_paused_server_tool_turn_is_continued(srv: ReplayServer, streamed: bool) -> None:
+    """`stop_reason: pause_turn` (a long run of web searches): the paused reply goes back
+    as it came, as the assistant turn the next request continues (what the recording's
+    client did), and the two parts make one answer whose every search has its result."""
+    suffix = "_stream" if streamed else ""
+    paused, after = (
+        f"anthropic/web_search_pause_turn{suffix}",
+        f"anthropic/web_search_after_pause{suffix}",
+    )
+    srv.replay(
+        paused,
+        after,
+        "anthropic/web_search_server_tool_stream"
+        if streamed
+        else "anthropic/web_search_server_tool",
+    )
+    web_search = {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}
+    model = claude(srv, "claude-sonnet-4-5", max_tokens=15000, extra_body=web_search)
+    agent = Agent(model, model_retry=NO_WAIT)
+    reply, events = await run(agent, "Run a series of web searches.", streamed=streamed)
+    first_text, first_server = anthropic_parts(paused)
+    second_text, second_server = anthropic_parts(after)
+    assert reply.stop_reason == "final_answer"
+    assert reply.text == first_text + second_text
+    if streamed:
+        assert texts(events) == reply.text
+    # The continuation: the same conversation, then the paused reply as the assistant turn.
+    continued = srv.requests[1]["messages"]
+    assert continued[:-1] == srv.requests[0]["messages"]
+    assert continued[-1]["role"] == "assistant"
+    sent = continued[-1]["content"]
+    if not streamed:
+        assert sent == load(paused)["body"]["content"]
+    kinds = [b["type"] for b in sent]
+    assert kinds[-1] == "server_tool_use"  # its result comes in the continuation
+    assert [
+        b for b in sent if b["type"] in ("server_tool_use", "web_search_tool_result")
+    ] == first_server
+    # One saved answer in which every search has its result, so it can go back.
+    kept = reply.messages[-1]["reasoning_blocks"]
+    calls = [b["id"] for b in kept if b["type"] == "server_tool_use"]
+    results = [b["tool_use_id"] for b in kept if b["type"] == "web_search_tool_result"]
+    assert calls == results and len(calls) == len(first_server + second_server) // 2
+    assert reply.usage["input_tokens"] > 0
+    await run(agent, "Thanks", streamed=streamed)
+    check_anthropic_bodies(srv)

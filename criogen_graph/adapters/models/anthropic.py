@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Unpack
 
-from criogen_graph.adapters.models.base import ModelRequest, ModelResponse
+from criogen_graph.adapters.models.base import ModelRequest, ModelResponse, TextSink
 from criogen_graph.adapters.models.http import (
     OUTPUT_INSTRUCTION,
     HttpModel,
@@ -55,6 +56,21 @@ def _server_block(kind: object) -> bool:
 
 #: Stop reasons of an answer cut off by a token limit.
 _CUT = frozenset({"max_tokens", "model_context_window_exceeded"})
+#: How many times a turn the API paused (`pause_turn`) is continued before giving up.
+_MAX_PAUSES = 8
+
+
+@dataclass
+class _Turn:
+    """What one response of a (possibly paused) turn said."""
+
+    texts: list[str] = field(default_factory=list)
+    calls: list[ToolCallData] = field(default_factory=list)
+    reasoning: list[dict[str, Any]] = field(default_factory=list)
+    stop: Any = None
+    usage: dict[str, Any] = field(default_factory=dict)
+    #: its content blocks as they came, in order: what a continuation sends back
+    blocks: list[Any] = field(default_factory=list)
 
 
 def _as_text(content: Any) -> str:
@@ -278,31 +294,71 @@ class AnthropicModel(HttpModel):
         return body
 
     async def _complete(self, request: ModelRequest) -> ModelResponse:
-        data = await self._post(_PATH, self.body(request, stream=False))
+        return await self._until_done(self.body(request, stream=False), self._complete_once)
+
+    async def _until_done(
+        self, body: dict[str, Any], once: Callable[[dict[str, Any]], Awaitable[_Turn]]
+    ) -> ModelResponse:
+        """The reply to `body`, asking again while the API pauses a long turn of server
+        tools (`stop_reason: "pause_turn"`): the paused reply goes back as it came, as
+        the assistant turn the next request continues; the parts make one reply."""
+        turns = [await once(body)]
+        while turns[-1].stop == "pause_turn":
+            if len(turns) > _MAX_PAUSES:
+                raise self._error(
+                    "transient", f"the answer was still paused after {_MAX_PAUSES} continuations"
+                )
+            messages = list(body["messages"])
+            if messages and messages[-1]["role"] == "assistant":
+                last = messages.pop()
+                blocks = [*last["content"], *turns[-1].blocks]
+            else:
+                blocks = list(turns[-1].blocks)
+            body = {**body, "messages": [*messages, {"role": "assistant", "content": blocks}]}
+            turns.append(await once(body))
+        usage: dict[str, Any] = {}
+        for turn in turns:
+            for key, value in turn.usage.items():
+                # Each continuation reads the prompt again: its tokens count again.
+                old = usage.get(key)
+                if isinstance(value, int) and isinstance(old, int):
+                    usage[key] = old + value
+                else:
+                    usage[key] = value
+        return _reply(
+            [t for turn in turns for t in turn.texts],
+            [c for turn in turns for c in turn.calls],
+            turns[-1].stop,
+            usage,
+            [b for turn in turns for b in turn.reasoning],
+        )
+
+    async def _complete_once(self, body: dict[str, Any]) -> _Turn:
+        data = await self._post(_PATH, body)
         if isinstance(data, dict) and data.get("type") == "error":
             raise self._stream_error(data.get("error"))
         content = data.get("content") if isinstance(data, dict) else None
         if not isinstance(content, list):
             raise self._unreadable(f"the response is not a message: {str(data)[:200]}")
-        texts: list[str] = []
-        calls: list[ToolCallData] = []
-        reasoning: list[dict[str, Any]] = []
+        turn = _Turn()
         for b in content:
             try:
                 kind = _checked(b)
                 if kind == "tool_use":
-                    calls.append(_call(b, b.get("input")))
+                    turn.calls.append(_call(b, b.get("input")))
             except ValueError as exc:
                 raise self._unreadable(str(exc)) from exc
             if kind == "text":
-                texts.append(b["text"])
+                turn.texts.append(b["text"])
             elif kind in _REASONING_TYPES or _server_block(kind):
-                reasoning.append(dict(b))
+                turn.reasoning.append(dict(b))
             elif kind != "tool_use":
                 raise self._unknown_block(b)
         usage = data.get("usage")
-        usage = usage if isinstance(usage, dict) else {}
-        return _reply(texts, calls, data.get("stop_reason"), usage, reasoning)
+        turn.usage = usage if isinstance(usage, dict) else {}
+        turn.stop = data.get("stop_reason")
+        turn.blocks = list(content)
+        return turn
 
     def _unknown_block(self, block: Any) -> ModelError:
         kind = block.get("type") if isinstance(block, dict) else None
@@ -314,9 +370,17 @@ class AnthropicModel(HttpModel):
         )
 
     async def _stream(self, request: ModelRequest) -> ModelResponse:
-        sink = request.on_text
-        thinking = request.on_reasoning
+        sink, thinking = request.on_text, request.on_reasoning
+        return await self._until_done(
+            self.body(request, stream=True), lambda body: self._stream_once(body, sink, thinking)
+        )
+
+    async def _stream_once(
+        self, body: dict[str, Any], sink: TextSink | None, thinking: TextSink | None
+    ) -> _Turn:
         texts: list[str] = []
+        # the text of each text block by index (a paused turn goes back block by block)
+        text_blocks: dict[int, list[str]] = {}
         # tool_use blocks by index, with the JSON text of their input so far
         tools: dict[int, tuple[dict[str, Any], list[str]]] = {}
         # thinking and server-tool blocks by index, filled in by their deltas
@@ -326,7 +390,7 @@ class AnthropicModel(HttpModel):
         usage: dict[str, Any] = {}
         stop: Any = None
         started = finished = False
-        async for name, event in self._events(_PATH, self.body(request, stream=True)):
+        async for name, event in self._events(_PATH, body):
             if not isinstance(event, dict):
                 raise self._unreadable(f"a stream event is not an object: {str(event)[:200]}")
             kind = event.get("type") or name
@@ -341,6 +405,7 @@ class AnthropicModel(HttpModel):
                         if not isinstance(delta["text"], str):
                             raise ValueError("a text_delta whose text is not a string")
                         texts.append(delta["text"])
+                        text_blocks.setdefault(index, []).append(delta["text"])
                         if sink is not None:
                             sink(delta["text"])
                     elif dtype == "input_json_delta":
@@ -364,8 +429,10 @@ class AnthropicModel(HttpModel):
                         _call(block, None)  # a block without a name is not a call
                         tools[index] = (block, [])
                     elif btype == "text":
+                        text_blocks.setdefault(index, [])
                         if block.get("text"):
                             texts.append(block["text"])
+                            text_blocks[index].append(block["text"])
                             if sink is not None:
                                 sink(block["text"])
                     elif btype == "thinking":
@@ -412,8 +479,21 @@ class AnthropicModel(HttpModel):
                     raise self._unreadable(
                         f"a server tool call's input is not JSON: {''.join(parts)[:200]!r}"
                     ) from exc
-        reasoning = [b for _, b in sorted(thoughts.items())]
-        return _reply(texts, calls, stop, usage, reasoning)
+        blocks: dict[int, dict[str, Any]] = {
+            **{i: {"type": "text", "text": "".join(t)} for i, t in text_blocks.items()},
+            **{i: dict(b) for i, b in thoughts.items()},
+        }
+        for index, call in zip(sorted(tools), calls, strict=True):
+            blocks[index] = {
+                "type": "tool_use",
+                "id": call["id"],
+                "name": call["name"],
+                "input": call["args"],
+            }
+        turn = _Turn(texts=texts, calls=calls, stop=stop, usage=usage)
+        turn.reasoning = [b for _, b in sorted(thoughts.items())]
+        turn.blocks = [b for _, b in sorted(blocks.items())]
+        return turn
 
 
 def _check_thinking(thinking: Any, max_tokens: Any) -> None:
