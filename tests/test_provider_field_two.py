@@ -29,6 +29,7 @@ from openai.types.responses.response_create_params import (
 from criogen_graph import (
     Agent,
     Model,
+    ModelError,
     ReasoningEvent,
     Retry,
     TextEvent,
@@ -599,3 +600,15 @@ async def test_a_paused_server_tool_turn_is_continued(srv: ReplayServer, streame
     assert reply.usage["input_tokens"] > 0
     await run(agent, "Thanks", streamed=streamed)
     check_anthropic_bodies(srv)
+
+
+async def test_a_turn_paused_again_and_again_gives_up(srv: ReplayServer) -> None:
+    srv.replay(*["anthropic/web_search_pause_turn"] * 9)
+    web_search = {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}
+    model = claude(srv, "claude-sonnet-4-5", max_tokens=15000, extra_body=web_search)
+    with pytest.raises(ModelError) as info:
+        await Agent(model, model_retry=Retry(max_attempts=1)).run("Search forever.")
+    assert info.value.kind == "transient" and "still paused" in str(info.value)
+    assert len(srv.requests) == 9
+    # Each continuation carries the whole paused turn so far, as one assistant message.
+    assert [m["role"] for m in srv.requests[-1]["messages"]] == ["user", "assistant"]

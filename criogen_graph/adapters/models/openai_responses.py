@@ -419,10 +419,10 @@ class OpenAIResponsesModel(OpenAIHttpModel):
                     problems.append(f"a message whose content is not a list: {parts!r:.200}")
                     continue
                 for part in parts:
-                    kind = part.get("type") if isinstance(part, Mapping) else None
-                    if kind == "output_text" and isinstance(part.get("text"), str):
+                    ptype = part.get("type") if isinstance(part, Mapping) else None
+                    if ptype == "output_text" and isinstance(part.get("text"), str):
                         text.append(part["text"])
-                    elif kind == "refusal" and isinstance(part.get("refusal"), str):
+                    elif ptype == "refusal" and isinstance(part.get("refusal"), str):
                         refusal.append(part["refusal"])
                     else:
                         problems.append(f"a content part this adapter cannot read: {part!r:.200}")
