@@ -188,11 +188,16 @@ class ToolCallData(TypedDict):
 
 
 class ReasoningItem(TypedDict):
-    """A reasoning item of OpenAI's Responses API, kept to be sent back next turn."""
+    """A reasoning item of OpenAI's Responses API, kept to be sent back next turn:
+    its summary parts, and what lets a server without stored items (`store: false`)
+    read it again: the encrypted reasoning (`encrypted_content`, OpenAI) or the
+    reasoning text itself (`content`, one string per `reasoning_text` part: DeepSeek,
+    gpt-oss through OpenRouter)."""
 
     id: str
     summary: list[str]
     encrypted_content: NotRequired[str]
+    content: NotRequired[list[str]]
 
 
 class SystemMessage(TypedDict):
@@ -219,9 +224,13 @@ class AssistantMessage(TypedDict):
 
     `reasoning` is the thinking (or summary) text; `reasoning_field` the Chat Completions
     field it came in (sent back there in a tool loop); `reasoning_blocks` Anthropic's
-    thinking blocks with their signatures and `reasoning_items` the Responses API's
-    encrypted items, both sent back unchanged. `id` is the model node's `msg_...` id
-    (that of the stream's `text` events).
+    thinking blocks with their signatures and its server-tool blocks (a web search's
+    `server_tool_use` and `web_search_tool_result`, ...), in their order, and
+    `reasoning_items` the Responses API's items, both sent back unchanged. `phase` is
+    what the Responses API called the text (`"commentary"`, a preamble before tool
+    calls, or `"final_answer"`), and `commentary` the preamble of a reply whose
+    `content` is its final answer; both go back with the message. `id` is the model
+    node's `msg_...` id (that of the stream's `text` events).
     """
 
     role: Literal["assistant"]
@@ -232,6 +241,8 @@ class AssistantMessage(TypedDict):
     reasoning_field: NotRequired[str]
     reasoning_blocks: NotRequired[list[dict[str, Any]]]
     reasoning_items: NotRequired[list[ReasoningItem]]
+    phase: NotRequired[str]
+    commentary: NotRequired[str]
 
 
 class ToolMessage(TypedDict):

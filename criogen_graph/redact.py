@@ -532,8 +532,9 @@ def redact_messages(redactor: Redactor, messages: Iterable[_M]) -> list[_M]:
         m = dict(given)
         if isinstance(m.get("content"), str):
             m["content"] = redactor.redact(m["content"])
-        if isinstance(m.get("reasoning"), str):
-            m["reasoning"] = redactor.redact(m["reasoning"])
+        for key in ("reasoning", "commentary"):
+            if isinstance(m.get(key), str):
+                m[key] = redactor.redact(m[key])
         if isinstance(m.get("reasoning_blocks"), list):
             m["reasoning_blocks"] = [_redacted_block(redactor, b) for b in m["reasoning_blocks"]]
         if isinstance(m.get("reasoning_items"), list):
@@ -549,6 +550,9 @@ def redact_messages(redactor: Redactor, messages: Iterable[_M]) -> list[_M]:
 
 
 def _redacted_block(redactor: Redactor, block: Any) -> Any:
+    if isinstance(block, dict) and isinstance(block.get("input"), dict):
+        # A server tool's call (Anthropic web search): its input is the model's text.
+        return {**block, "input": redactor.redact_value(block["input"])}
     if not isinstance(block, dict) or not isinstance(block.get("thinking"), str):
         return block
     clean = redactor.redact(block["thinking"])
@@ -560,7 +564,11 @@ def _redacted_block(redactor: Redactor, block: Any) -> Any:
 
 
 def _redacted_item(redactor: Redactor, item: Any) -> Any:
-    if not isinstance(item, dict) or not isinstance(item.get("summary"), list):
+    if not isinstance(item, dict):
         return item
-    summary = [redactor.redact(x) if isinstance(x, str) else x for x in item["summary"]]
-    return {**item, "summary": summary}
+    out = dict(item)
+    # The summary and the reasoning text (`content`) are readable text.
+    for key in ("summary", "content"):
+        if isinstance(item.get(key), list):
+            out[key] = [redactor.redact(x) if isinstance(x, str) else x for x in item[key]]
+    return out

@@ -405,7 +405,6 @@ async def test_empty_input_sends_a_user_turn(srv: ReplayServer, provider: str) -
     [
         ("openai/stream_cut_mid_event", True, "connection", "incomplete chunked read"),
         ("openai/unreadable_choice", False, "transient", "could not read the reply"),
-        ("anthropic/unknown_block", False, "bad_request", "server_tool_use"),
         ("anthropic/stream_cut_mid_event", True, "connection", "incomplete chunked read"),
         ("gemini/stream_cut_mid_event", True, "connection", "in the middle of an event"),
         ("gemini/unreadable_parts", False, "transient", "could not read the reply"),

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Unpack
 
-from criogen_graph.adapters.models.base import ModelRequest, ModelResponse
+from criogen_graph.adapters.models.base import ModelRequest, ModelResponse, TextSink
 from criogen_graph.adapters.models.http import (
     OUTPUT_INSTRUCTION,
     HttpModel,
@@ -39,8 +40,37 @@ _FAILED: frozenset[ToolStatus] = frozenset({"error", "timeout", "rejected"})
 EMPTY_TEXT = "(empty)"
 #: Reasoning blocks the API wants back, unchanged, on the next turn of a tool loop.
 _REASONING_TYPES = frozenset({"thinking", "redacted_thinking"})
+
+
+def _server_block(kind: object) -> bool:
+    """Whether a block type is one of a server tool the API ran itself (web search, web
+    fetch, code execution, tool search, MCP connector): its call (`server_tool_use`,
+    `mcp_tool_use`), its result (`web_search_tool_result`, ...) or an upload. They
+    are kept and go back unchanged, like thinking."""
+    if not isinstance(kind, str) or kind == "tool_result":
+        return False
+    return kind in ("server_tool_use", "mcp_tool_use", "mcp_tool_result", "container_upload") or (
+        kind.endswith("_tool_result")
+    )
+
+
 #: Stop reasons of an answer cut off by a token limit.
 _CUT = frozenset({"max_tokens", "model_context_window_exceeded"})
+#: How many times a turn the API paused (`pause_turn`) is continued before giving up.
+_MAX_PAUSES = 8
+
+
+@dataclass
+class _Turn:
+    """What one response of a (possibly paused) turn said."""
+
+    texts: list[str] = field(default_factory=list)
+    calls: list[ToolCallData] = field(default_factory=list)
+    reasoning: list[dict[str, Any]] = field(default_factory=list)
+    stop: Any = None
+    usage: dict[str, Any] = field(default_factory=dict)
+    #: its content blocks as they came, in order: what a continuation sends back
+    blocks: list[Any] = field(default_factory=list)
 
 
 def _as_text(content: Any) -> str:
@@ -92,9 +122,10 @@ def to_anthropic_messages(messages: list[Message]) -> tuple[str, list[dict[str, 
 
 
 def _reasoning_blocks(raw: Any) -> list[dict[str, Any]]:
-    """The reasoning blocks of a transcript message that can go back: thinking with its
-    signature (a block whose text a redaction policy changed has lost it, and would be
-    rejected) and redacted thinking with its data."""
+    """The kept blocks of a transcript message that can go back, in their order:
+    thinking with its signature (a block whose text a redaction policy changed has lost
+    it, and would be rejected), redacted thinking with its data, and server-tool blocks
+    as they came."""
     out: list[dict[str, Any]] = []
     for b in raw if isinstance(raw, list) else ():
         if not isinstance(b, Mapping):
@@ -104,6 +135,8 @@ def _reasoning_blocks(raw: Any) -> list[dict[str, Any]]:
             out.append({"type": "thinking", "thinking": thought, "signature": b["signature"]})
         elif b.get("type") == "redacted_thinking" and b.get("data"):
             out.append({"type": "redacted_thinking", "data": b["data"]})
+        elif _server_block(b.get("type")):
+            out.append(dict(b))
     return out
 
 
@@ -137,8 +170,24 @@ def _usage(raw: Mapping[str, Any]) -> Usage:
 def _call(block: Mapping[str, Any], raw: Any) -> ToolCallData:
     """A transcript tool call from a `tool_use` block and its input (an object, or the
     JSON text a stream delivered)."""
+    name = block.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a tool_use block without a name: {json.dumps(block)[:200]}")
     call_id = block.get("id") or "toolu_" + uuid.uuid4().hex[:24]
-    return tool_call(call_id, block.get("name") or "", raw)
+    return tool_call(call_id, name, raw)
+
+
+def _checked(block: Any) -> str:
+    """The type of a content block, once its fields are what that type needs (a
+    `ValueError` says what is wrong): text a string, thinking its text, redacted
+    thinking its data."""
+    if not isinstance(block, Mapping) or not isinstance(block.get("type"), str):
+        raise ValueError(f"a content block without a type: {json.dumps(block)[:200]}")
+    kind: str = block["type"]
+    needs = {"text": "text", "thinking": "thinking", "redacted_thinking": "data"}.get(kind)
+    if needs is not None and not isinstance(block.get(needs), str):
+        raise ValueError(f"a {kind} block without its {needs}: {json.dumps(block)[:200]}")
+    return kind
 
 
 def _reply(
@@ -245,49 +294,103 @@ class AnthropicModel(HttpModel):
         return body
 
     async def _complete(self, request: ModelRequest) -> ModelResponse:
-        data = await self._post(_PATH, self.body(request, stream=False))
+        return await self._until_done(self.body(request, stream=False), self._complete_once)
+
+    async def _until_done(
+        self, body: dict[str, Any], once: Callable[[dict[str, Any]], Awaitable[_Turn]]
+    ) -> ModelResponse:
+        """The reply to `body`, asking again while the API pauses a long turn of server
+        tools (`stop_reason: "pause_turn"`): the paused reply goes back as it came, as
+        the assistant turn the next request continues; the parts make one reply."""
+        turns = [await once(body)]
+        while turns[-1].stop == "pause_turn":
+            if len(turns) > _MAX_PAUSES:
+                raise self._error(
+                    "transient", f"the answer was still paused after {_MAX_PAUSES} continuations"
+                )
+            messages = list(body["messages"])
+            if messages and messages[-1]["role"] == "assistant":
+                last = messages.pop()
+                blocks = [*last["content"], *turns[-1].blocks]
+            else:
+                blocks = list(turns[-1].blocks)
+            body = {**body, "messages": [*messages, {"role": "assistant", "content": blocks}]}
+            turns.append(await once(body))
+        usage: dict[str, Any] = {}
+        for turn in turns:
+            for key, value in turn.usage.items():
+                # Each continuation reads the prompt again: its tokens count again.
+                old = usage.get(key)
+                if isinstance(value, int) and isinstance(old, int):
+                    usage[key] = old + value
+                else:
+                    usage[key] = value
+        return _reply(
+            [t for turn in turns for t in turn.texts],
+            [c for turn in turns for c in turn.calls],
+            turns[-1].stop,
+            usage,
+            [b for turn in turns for b in turn.reasoning],
+        )
+
+    async def _complete_once(self, body: dict[str, Any]) -> _Turn:
+        data = await self._post(_PATH, body)
         if isinstance(data, dict) and data.get("type") == "error":
             raise self._stream_error(data.get("error"))
         content = data.get("content") if isinstance(data, dict) else None
         if not isinstance(content, list):
             raise self._unreadable(f"the response is not a message: {str(data)[:200]}")
-        texts: list[str] = []
-        calls: list[ToolCallData] = []
-        reasoning: list[dict[str, Any]] = []
+        turn = _Turn()
         for b in content:
-            kind = b.get("type") if isinstance(b, dict) else None
+            try:
+                kind = _checked(b)
+                if kind == "tool_use":
+                    turn.calls.append(_call(b, b.get("input")))
+            except ValueError as exc:
+                raise self._unreadable(str(exc)) from exc
             if kind == "text":
-                texts.append(str(b.get("text") or ""))
-            elif kind == "tool_use":
-                calls.append(_call(b, b.get("input")))
-            elif kind in _REASONING_TYPES:
-                reasoning.append(dict(b))
-            else:
+                turn.texts.append(b["text"])
+            elif kind in _REASONING_TYPES or _server_block(kind):
+                turn.reasoning.append(dict(b))
+            elif kind != "tool_use":
                 raise self._unknown_block(b)
         usage = data.get("usage")
-        usage = usage if isinstance(usage, dict) else {}
-        return _reply(texts, calls, data.get("stop_reason"), usage, reasoning)
+        turn.usage = usage if isinstance(usage, dict) else {}
+        turn.stop = data.get("stop_reason")
+        turn.blocks = list(content)
+        return turn
 
     def _unknown_block(self, block: Any) -> ModelError:
         kind = block.get("type") if isinstance(block, dict) else None
         return self._unreadable(
             f"a content block of unknown type {kind!r} ({json.dumps(block)[:200]}); this "
-            "adapter reads text, tool_use, thinking and redacted_thinking blocks",
+            "adapter reads text, tool_use, thinking, redacted_thinking and server-tool "
+            "blocks",
             kind="bad_request",
         )
 
     async def _stream(self, request: ModelRequest) -> ModelResponse:
-        sink = request.on_text
-        thinking = request.on_reasoning
+        sink, thinking = request.on_text, request.on_reasoning
+        return await self._until_done(
+            self.body(request, stream=True), lambda body: self._stream_once(body, sink, thinking)
+        )
+
+    async def _stream_once(
+        self, body: dict[str, Any], sink: TextSink | None, thinking: TextSink | None
+    ) -> _Turn:
         texts: list[str] = []
+        # the text of each text block by index (a paused turn goes back block by block)
+        text_blocks: dict[int, list[str]] = {}
         # tool_use blocks by index, with the JSON text of their input so far
         tools: dict[int, tuple[dict[str, Any], list[str]]] = {}
-        # thinking blocks by index, filled in by their deltas
+        # thinking and server-tool blocks by index, filled in by their deltas
         thoughts: dict[int, dict[str, Any]] = {}
+        # the JSON text of a server tool call's input, by index
+        server_input: dict[int, list[str]] = {}
         usage: dict[str, Any] = {}
         stop: Any = None
-        finished = False
-        async for name, event in self._events(_PATH, self.body(request, stream=True)):
+        started = finished = False
+        async for name, event in self._events(_PATH, body):
             if not isinstance(event, dict):
                 raise self._unreadable(f"a stream event is not an object: {str(event)[:200]}")
             kind = event.get("type") or name
@@ -299,13 +402,18 @@ class AnthropicModel(HttpModel):
                     dtype = delta.get("type")
                     index = int(event.get("index", -1))
                     if dtype == "text_delta" and delta.get("text"):
+                        if not isinstance(delta["text"], str):
+                            raise ValueError("a text_delta whose text is not a string")
                         texts.append(delta["text"])
+                        text_blocks.setdefault(index, []).append(delta["text"])
                         if sink is not None:
                             sink(delta["text"])
                     elif dtype == "input_json_delta":
                         slot = tools.get(index)
                         if slot is not None:
                             slot[1].append(delta.get("partial_json") or "")
+                        elif index in server_input:
+                            server_input[index].append(str(delta.get("partial_json") or ""))
                     elif dtype == "thinking_delta" and index in thoughts:
                         piece = str(delta.get("thinking") or "")
                         thoughts[index]["thinking"] += piece
@@ -314,14 +422,17 @@ class AnthropicModel(HttpModel):
                     elif dtype == "signature_delta" and index in thoughts:
                         thoughts[index]["signature"] += str(delta.get("signature") or "")
                 elif kind == "content_block_start":
-                    block = event.get("content_block") or {}
-                    btype = block.get("type")
+                    block: Any = event.get("content_block")
+                    btype = _checked(block)
                     index = int(event.get("index", len(tools) + len(thoughts)))
                     if btype == "tool_use":
+                        _call(block, None)  # a block without a name is not a call
                         tools[index] = (block, [])
                     elif btype == "text":
+                        text_blocks.setdefault(index, [])
                         if block.get("text"):
                             texts.append(block["text"])
+                            text_blocks[index].append(block["text"])
                             if sink is not None:
                                 sink(block["text"])
                     elif btype == "thinking":
@@ -332,9 +443,14 @@ class AnthropicModel(HttpModel):
                         }
                     elif btype == "redacted_thinking":
                         thoughts[index] = dict(block)
+                    elif _server_block(btype):
+                        thoughts[index] = dict(block)
+                        if "input" in block:
+                            server_input[index] = []
                     else:
                         raise self._unknown_block(block)
                 elif kind == "message_start":
+                    started = True
                     usage.update((event.get("message") or {}).get("usage") or {})
                 elif kind == "message_delta":
                     stop = (event.get("delta") or {}).get("stop_reason") or stop
@@ -349,12 +465,35 @@ class AnthropicModel(HttpModel):
                 ) from exc
         if not finished:
             raise self._error("connection", "the stream ended before message_stop")
+        if not started:
+            raise self._unreadable("the stream has no message_start event")
         calls = [
             _call(block, "".join(parts) if parts else block.get("input"))
             for _, (block, parts) in sorted(tools.items())
         ]
-        reasoning = [b for _, b in sorted(thoughts.items())]
-        return _reply(texts, calls, stop, usage, reasoning)
+        for index, parts in server_input.items():
+            if "".join(parts).strip():
+                try:
+                    thoughts[index]["input"] = json.loads("".join(parts))
+                except ValueError as exc:
+                    raise self._unreadable(
+                        f"a server tool call's input is not JSON: {''.join(parts)[:200]!r}"
+                    ) from exc
+        blocks: dict[int, dict[str, Any]] = {
+            **{i: {"type": "text", "text": "".join(t)} for i, t in text_blocks.items()},
+            **{i: dict(b) for i, b in thoughts.items()},
+        }
+        for index, call in zip(sorted(tools), calls, strict=True):
+            blocks[index] = {
+                "type": "tool_use",
+                "id": call["id"],
+                "name": call["name"],
+                "input": call["args"],
+            }
+        turn = _Turn(texts=texts, calls=calls, stop=stop, usage=usage)
+        turn.reasoning = [b for _, b in sorted(thoughts.items())]
+        turn.blocks = [b for _, b in sorted(blocks.items())]
+        return turn
 
 
 def _check_thinking(thinking: Any, max_tokens: Any) -> None:

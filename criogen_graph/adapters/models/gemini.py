@@ -330,6 +330,8 @@ def _usage(raw: Mapping[str, Any] | None) -> Usage:
 
 
 def _call(raw: Mapping[str, Any], signature: Any) -> ToolCallData:
+    if not isinstance(raw.get("name"), str) or not raw["name"]:
+        raise ValueError(f"a functionCall without a name: {json.dumps(raw, default=str)[:200]}")
     call_id = raw.get("id")
     call = tool_call(
         str(call_id) if call_id else "call_" + uuid.uuid4().hex[:24],
@@ -356,6 +358,8 @@ class _Reply:
         self.blocked: str | None = None
         self.usage: Mapping[str, Any] | None = None
         self.answered = False
+        #: Parts that could not be read: the reply is unreadable if nothing else is there.
+        self.problems: list[str] = []
 
     def add(self, data: Mapping[str, Any]) -> None:
         if data.get("usageMetadata"):
@@ -364,15 +368,20 @@ class _Reply:
         if block:
             self.blocked = str(block)
         candidates = data.get("candidates") or []
-        if not candidates or not isinstance(candidates[0], Mapping):
+        if not candidates:
             return
         candidate = candidates[0]
+        if not isinstance(candidate, Mapping):
+            raise ValueError(f"a candidate is not an object: {candidate!r:.200}")
         self.answered = True
         parts = (candidate.get("content") or {}).get("parts") or []
         if not isinstance(parts, list):
             raise TypeError(f"content.parts must be a list, got {type(parts).__name__}")
         for part in parts:
-            if not isinstance(part, Mapping):
+            if not isinstance(part, Mapping) or (
+                "text" in part and not isinstance(part["text"], str)
+            ):
+                self.problems.append(f"a part that is not text: {part!r:.200}")
                 continue
             piece = part.get("text")
             if part.get("thought"):
@@ -402,7 +411,9 @@ class _Reply:
         if not self.answered:
             if self.blocked:
                 return ModelResponse(message, usage, "content_filter")
-            raise model._error("transient", "the response has no candidates")
+            raise model._unreadable("the response has no candidates")
+        if self.problems and not (self.text or self.calls or self.thoughts):
+            raise model._unreadable(self.problems[0])
         if self.finish in _FILTER_FINISH:
             return ModelResponse(message, usage, "content_filter")
         if self.finish == "MALFORMED_FUNCTION_CALL" and not self.calls:

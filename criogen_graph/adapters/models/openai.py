@@ -95,6 +95,31 @@ def _assistant(m: AssistantMessage, in_loop: bool, wire: dict[object, object]) -
     return msg
 
 
+def _chunks(content: Any) -> tuple[str, str]:
+    """`(text, thinking)` of a message's or a delta's `content`: a string, nothing, or
+    a list of typed chunks (Mistral's reasoning models: `thinking` chunks, whose own
+    `thinking` is a list of text chunks, then `text` chunks). Chunks of other types
+    (references, images) carry no text; anything else is a `ValueError`."""
+    if content is None or isinstance(content, str):
+        return content or "", ""
+    if not isinstance(content, list):
+        raise ValueError(f"'content' is neither text nor a list of chunks: {content!r:.200}")
+    text: list[str] = []
+    thought: list[str] = []
+    for chunk in content:
+        if not isinstance(chunk, Mapping):
+            raise ValueError(f"a content chunk is not an object: {chunk!r:.200}")
+        kind = chunk.get("type")
+        if kind == "text":
+            if not isinstance(chunk.get("text"), str):
+                raise ValueError(f"a text chunk without text: {chunk!r:.200}")
+            text.append(chunk["text"])
+        elif kind == "thinking":
+            inner, deeper = _chunks(chunk.get("thinking"))
+            thought.append(inner + deeper)
+    return "".join(text), "".join(thought)
+
+
 def _usage(raw: Mapping[str, Any] | None) -> Usage:
     usage = empty_usage()
     usage["input_tokens"] = tokens(raw, "prompt_tokens")
@@ -108,8 +133,10 @@ def _calls(raw_calls: list[dict[str, Any]]) -> list[ToolCallData]:
     calls = []
     for c in raw_calls:
         fn = c.get("function") or {}
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ValueError(f"a tool call without a name: {json.dumps(c, default=str)[:200]}")
         call_id = c.get("id") or "call_" + uuid.uuid4().hex[:16]
-        calls.append(tool_call(call_id, fn.get("name") or "", fn.get("arguments")))
+        calls.append(tool_call(call_id, fn["name"], fn.get("arguments")))
     return calls
 
 
@@ -218,17 +245,28 @@ class OpenAIModel(OpenAIHttpModel):
             raise self._stream_error(data["error"])
         choices = data.get("choices") or []
         if not choices:
-            raise self._error("transient", f"the response has no choices: {json.dumps(data)[:200]}")
+            raise self._unreadable(f"the response has no choices: {json.dumps(data)[:200]}")
         choice = choices[0]
-        raw = choice.get("message") or {}
-        if choice.get("finish_reason") == "error" or raw.get("error"):
-            raise self._stream_error(raw.get("error") or choice.get("error") or {})
-        message: AssistantMessage = {"role": "assistant", "content": raw.get("content") or ""}
+        raw = choice.get("message")
+        inner = raw.get("error") if isinstance(raw, Mapping) else None
+        if choice.get("finish_reason") == "error" or inner:
+            # OpenRouter: a provider's failure as the choice, with or without a message.
+            raise self._stream_error(inner or choice.get("error") or {})
+        if not isinstance(raw, Mapping):
+            raise ValueError("the choice has no message")
+        text, thought = _chunks(raw.get("content"))
+        message: AssistantMessage = {"role": "assistant", "content": text}
         for field in _REASONING_FIELDS:
             if isinstance(raw.get(field), str) and raw[field]:
                 message["reasoning"] = raw[field]
                 message["reasoning_field"] = field
                 break
+        else:
+            if thought:
+                # Thinking chunks (Mistral) are not sent back: the typed Chat
+                # Completions message has no place for them, and Mistral does not
+                # require them.
+                message["reasoning"] = thought
         calls = _calls(raw.get("tool_calls") or [])
         if calls:
             message["tool_calls"] = calls
@@ -247,6 +285,8 @@ class OpenAIModel(OpenAIHttpModel):
         refusal: list[str] = []
         partial: dict[int, dict[str, Any]] = {}
         finish: str | None = None
+        # Choices that could not be read: the reply is unreadable if nothing else came.
+        problems: list[str] = []
         usage_raw: dict[str, Any] | None = None
         async for name, chunk in self._events(
             self._path, self.body(request, stream=True), self._params
@@ -260,8 +300,15 @@ class OpenAIModel(OpenAIHttpModel):
                 if chunk.get("usage"):
                     usage_raw = chunk["usage"]
                 for choice in chunk.get("choices") or ():
-                    delta = choice.get("delta") or {}
-                    piece = delta.get("content")
+                    delta = choice.get("delta")
+                    if not isinstance(delta, Mapping):
+                        problems.append(f"a choice without a delta: {json.dumps(choice)[:200]}")
+                        delta = {}
+                    piece, chunk_thought = _chunks(delta.get("content"))
+                    if chunk_thought:
+                        reasoning.append(chunk_thought)
+                        if thinking is not None:
+                            thinking(chunk_thought)
                     if piece:
                         text.append(piece)
                         if sink is not None:
@@ -302,8 +349,14 @@ class OpenAIModel(OpenAIHttpModel):
         message: AssistantMessage = {"role": "assistant", "content": "".join(text)}
         if reasoning:
             message["reasoning"] = "".join(reasoning)
-            message["reasoning_field"] = reasoning_field
-        calls = _calls([partial[i] for i in sorted(partial)])
+            if reasoning_field:
+                message["reasoning_field"] = reasoning_field
+        if problems and not (text or reasoning or partial or refusal):
+            raise self._unreadable(problems[0])
+        try:
+            calls = _calls([partial[i] for i in sorted(partial)])
+        except ValueError as exc:
+            raise self._unreadable(str(exc)) from exc
         if calls:
             message["tool_calls"] = calls
         return ModelResponse(message, _usage(usage_raw), _stop(finish, "".join(refusal), message))

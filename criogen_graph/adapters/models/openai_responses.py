@@ -2,9 +2,11 @@
 
 Runs without server-side storage (`store: false`): the whole transcript goes out on every
 request, and a reasoning model's reasoning items come back encrypted
-(`include: ["reasoning.encrypted_content"]`), are kept on the assistant message under
+(`include: ["reasoning.encrypted_content"]`) or with their text (`reasoning_text` parts:
+DeepSeek, gpt-oss through OpenRouter), are kept on the assistant message under
 `"reasoning_items"` (plain JSON, so every storage backend saves them) and are sent back,
-in order, ahead of that turn's function calls.
+in order, ahead of that turn's function calls. An item with neither cannot be resolved
+without stored items, and is left out.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from criogen_graph.messages import (
     ToolCallData,
     Usage,
 )
+from criogen_graph.redact import package_logger
 from criogen_graph.results import empty_usage
 
 _PATH = "/responses"
@@ -39,6 +42,7 @@ _PATH = "/responses"
 _NON_REASONING = ("gpt-4", "gpt-3.5", "chatgpt-", "gpt-5-chat")
 #: The key of the assistant message that holds the reasoning items sent back next turn.
 REASONING_ITEMS: Final = "reasoning_items"
+_log = package_logger("criogen_graph.models")
 
 
 def _reasons(model: str) -> bool:
@@ -46,12 +50,16 @@ def _reasons(model: str) -> bool:
 
 
 def to_responses_input(
-    messages: list[Message],
+    messages: list[Message], *, store: bool = False
 ) -> tuple[str | None, list[dict[str, Any]]]:
     """Transcript dicts as `(instructions, input items)`: the leading system messages
     become `instructions`, later ones `system` items; an assistant turn becomes its
     reasoning items, its text and its `function_call`s; a tool result a
-    `function_call_output`."""
+    `function_call_output`.
+
+    Without stored items (`store` false) a reasoning item goes back only with what lets
+    the server read it again (its encrypted content or its text): one with only its id
+    would be refused ("Items are not persisted when `store` is set to false")."""
     instructions: list[str] = []
     items: list[dict[str, Any]] = []
     wire: dict[object, object] = {}  # our call id -> the provider's, for renamed calls
@@ -69,23 +77,17 @@ def to_responses_input(
             # Read as saved: a checkpoint holds what an older version wrote.
             saved: list[object] = list(m.get(REASONING_ITEMS) or ())
             for r in saved:
-                if isinstance(r, Mapping) and isinstance(r.get("id"), str):
-                    item: dict[str, Any] = {
-                        "type": "reasoning",
-                        "id": r["id"],
-                        "summary": [
-                            {"type": "summary_text", "text": s}
-                            for s in r.get("summary") or ()
-                            if isinstance(s, str)
-                        ],
-                    }
-                    if isinstance(r.get("encrypted_content"), str):
-                        item["encrypted_content"] = r["encrypted_content"]
+                item = _reasoning_input(r, store)
+                if item is not None:
                     items.append(item)
             calls = m.get("tool_calls") or []
             text = _text(content)
+            phase = m.get("phase")
+            commentary = m.get("commentary")
+            if isinstance(commentary, str) and commentary:
+                items.append(_said(commentary, "commentary"))
             if text or not calls:
-                items.append({"type": "message", "role": "assistant", "content": text})
+                items.append(_said(text, phase))
             for c in calls:
                 if c.get("provider_id") is not None:
                     wire[c["id"]] = c["provider_id"]
@@ -109,10 +111,88 @@ def to_responses_input(
     return ("\n\n".join(instructions) if instructions else None), items
 
 
+#: The `phase` values of an assistant message (OpenAI: send them back on every one).
+_PHASES = ("commentary", "final_answer")
+
+
+def _said(text: str, phase: object) -> dict[str, Any]:
+    """An assistant message input item, with its phase when it had one."""
+    item: dict[str, Any] = {"type": "message", "role": "assistant", "content": text}
+    if phase in _PHASES:
+        item["phase"] = phase
+    return item
+
+
+def _reasoning_input(saved: object, store: bool) -> dict[str, Any] | None:
+    """The input item of a kept reasoning item, or None when it cannot go back."""
+    if not isinstance(saved, Mapping) or not isinstance(saved.get("id"), str):
+        return None
+    item: dict[str, Any] = {
+        "type": "reasoning",
+        "id": saved["id"],
+        "summary": [_summary_part(s) for s in _strings(saved.get("summary"))],
+    }
+    if isinstance(saved.get("encrypted_content"), str):
+        item["encrypted_content"] = saved["encrypted_content"]
+    texts = _strings(saved.get("content"))
+    if texts:
+        item["content"] = [{"type": "reasoning_text", "text": t} for t in texts]
+    if not store and "encrypted_content" not in item and not texts:
+        _log.debug(
+            "reasoning item %s is not sent back: it has neither encrypted content nor "
+            "text, and without stored items (store: false) the server cannot resolve "
+            "its id",
+            saved["id"],
+        )
+        return None
+    return item
+
+
+def _summary_part(text: str) -> dict[str, Any]:
+    return {"type": "summary_text", "text": text}
+
+
+def _strings(raw: object) -> list[str]:
+    return [x for x in raw if isinstance(x, str)] if isinstance(raw, list) else []
+
+
 def _text(content: Any) -> str:
     if content is None:
         return ""
     return content if isinstance(content, str) else json.dumps(content)
+
+
+def _streamed_output(done: list[dict[str, Any]], final: list[Any]) -> list[Any]:
+    """The output items of a stream: those of its final response, as the `openai` SDK
+    reads them (a proxy may give an item another id there than in the events before
+    it), each with the `encrypted_content` of its `output_item.done` event (OpenAI: the
+    one to send back; the other events' may be incomplete). Items only one side lists
+    come from that side."""
+    out: list[Any] = []
+    for index in range(max(len(done), len(final))):
+        streamed = done[index] if index < len(done) else None
+        listed = final[index] if index < len(final) else None
+        if not isinstance(listed, Mapping) or streamed is None:
+            out.append(streamed if streamed is not None else listed)
+            continue
+        item = dict(listed)
+        if streamed.get("type") == item.get("type") and isinstance(
+            streamed.get("encrypted_content"), str
+        ):
+            item["encrypted_content"] = streamed["encrypted_content"]
+        out.append(item)
+    return out
+
+
+def _parts(item: Mapping[str, Any], key: str, kind: str | None = None) -> list[str]:
+    """The texts of an item's `summary` or `content` parts (of type `kind` if given)."""
+    return [
+        p["text"]
+        for p in item.get(key) or ()
+        if isinstance(p, Mapping)
+        and isinstance(p.get("text"), str)
+        and (kind is None or p.get("type") == kind)
+    ]
 
 
 def strict_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -215,7 +295,9 @@ class OpenAIResponsesModel(OpenAIHttpModel):
 
     def body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
         """The JSON body of a request."""
-        instructions, items = to_responses_input(request.messages)
+        # `extra_body={"store": True}` keeps items on the server: ids alone then resolve.
+        store = self._extra.get("store") is True
+        instructions, items = to_responses_input(request.messages, store=store)
         body: dict[str, Any] = {"model": self.name, "input": items, "store": False}
         if instructions is not None:
             body["instructions"] = instructions
@@ -288,13 +370,15 @@ class OpenAIResponsesModel(OpenAIHttpModel):
         status = data.get("status")
         if status == "failed" or (status is None and data.get("error")):
             raise self._failed(data.get("error"))
-        # A stream's `output_item.done` items are the ones to send back (OpenAI: the
-        # `encrypted_content` of other events may be incomplete).
-        output = streamed or data.get("output")
+        output = data.get("output")
         if output is None:
+            if not streamed:
+                raise self._unreadable(f"the response has no 'output': {json.dumps(data)[:200]}")
             output = []
         if not isinstance(output, list):
             raise self._unreadable(f"'output' is not a list: {json.dumps(output)[:200]}")
+        if streamed:
+            output = _streamed_output(streamed, output)
         stop: ModelStopReason | None = None
         if status == "incomplete":
             details = data.get("incomplete_details")
@@ -313,54 +397,96 @@ class OpenAIResponsesModel(OpenAIHttpModel):
         return ModelResponse(message, _usage(data.get("usage")), stop)
 
     def _read_output(self, output: list[Any]) -> tuple[AssistantMessage, bool]:
-        text: list[str] = []
+        # The text of the message items by phase ("" for none): a final answer is the
+        # reply's text, a commentary preamble beside it is kept apart.
+        said: dict[str, list[str]] = {"": [], "commentary": [], "final_answer": []}
         refusal: list[str] = []
         calls: list[ToolCallData] = []
         reasoning: list[ReasoningItem] = []
+        # What could not be read: the reply is unreadable when nothing else is there.
+        problems: list[str] = []
         for item in output:
             if not isinstance(item, Mapping):
                 raise self._unreadable(f"an output item is not an object: {item!r:.200}")
             kind = item.get("type")
-            if kind == "message":
-                for part in item.get("content") or ():
-                    if not isinstance(part, Mapping):
-                        continue
-                    if part.get("type") == "output_text" and isinstance(part.get("text"), str):
+            if not isinstance(kind, str):
+                problems.append(f"an output item without a type: {json.dumps(item)[:200]}")
+            elif kind == "message":
+                phase = item.get("phase")
+                text = said[phase if phase in _PHASES else ""]
+                parts = item.get("content")
+                if not isinstance(parts, list):
+                    problems.append(f"a message whose content is not a list: {parts!r:.200}")
+                    continue
+                for part in parts:
+                    ptype = part.get("type") if isinstance(part, Mapping) else None
+                    if ptype == "output_text" and isinstance(part.get("text"), str):
                         text.append(part["text"])
-                    elif part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
+                    elif ptype == "refusal" and isinstance(part.get("refusal"), str):
                         refusal.append(part["refusal"])
+                    else:
+                        problems.append(f"a content part this adapter cannot read: {part!r:.200}")
             elif kind == "function_call":
+                name = item.get("name")
+                if not isinstance(name, str) or not name:
+                    raise self._unreadable(f"a function_call without a name: {item!r:.200}")
                 call_id = str(item.get("call_id") or item.get("id") or "call_" + uuid.uuid4().hex)
-                calls.append(tool_call(call_id, str(item.get("name") or ""), item.get("arguments")))
+                calls.append(tool_call(call_id, name, item.get("arguments")))
             elif kind == "reasoning" and isinstance(item.get("id"), str):
-                summary = [
-                    s["text"]
-                    for s in item.get("summary") or ()
-                    if isinstance(s, Mapping) and isinstance(s.get("text"), str)
-                ]
-                kept: ReasoningItem = {"id": item["id"], "summary": summary}
+                kept: ReasoningItem = {"id": item["id"], "summary": _parts(item, "summary")}
                 if isinstance(item.get("encrypted_content"), str):
                     kept["encrypted_content"] = item["encrypted_content"]
+                thought = _parts(item, "content", "reasoning_text")
+                if thought:
+                    kept["content"] = thought
                 reasoning.append(kept)
             # Other item types (hosted tools we never offer) carry nothing for us.
-        message: AssistantMessage = {"role": "assistant", "content": "".join(text)}
+        message: AssistantMessage = {"role": "assistant", "content": ""}
+        if said["final_answer"]:
+            message["content"] = "".join(said["final_answer"] + said[""])
+            message["phase"] = "final_answer"
+            if said["commentary"]:
+                message["commentary"] = "".join(said["commentary"])
+        elif said["commentary"]:
+            message["content"] = "".join(said["commentary"] + said[""])
+            message["phase"] = "commentary"
+        else:
+            message["content"] = "".join(said[""])
+        if problems and not (message["content"] or refusal or calls or reasoning):
+            raise self._unreadable(problems[0])
         if refusal and not message["content"]:
             message["content"] = "".join(refusal)
         if calls:
             message["tool_calls"] = calls
         if reasoning:
             message[REASONING_ITEMS] = reasoning
-            summary_text = "\n\n".join(s for r in reasoning for s in r["summary"])
-            if summary_text:
-                message["reasoning"] = summary_text
+            # Each item's summary, or its reasoning text when it comes without one.
+            reasoning_text = "\n\n".join(
+                s for r in reasoning for s in (r["summary"] or r.get("content") or ())
+            )
+            if reasoning_text:
+                message["reasoning"] = reasoning_text
         return message, bool(refusal)
 
     async def _stream(self, request: ModelRequest) -> ModelResponse:
         sink = request.on_text
         thinking = request.on_reasoning
-        last_part: tuple[Any, Any] | None = None
+        last_part: tuple[Any, ...] | None = None
         text: list[str] = []
         done: dict[int, dict[str, Any]] = {}
+        # A commentary preamble is the reply's text unless a final answer follows it in
+        # the same reply: its pieces wait until that is known, so that the streamed text
+        # is the saved text.
+        phases: dict[object, object] = {}
+        held: list[str] | None = None
+
+        def release() -> None:
+            nonlocal held
+            if held and sink is not None:
+                for piece in held:
+                    sink(piece)
+            held = None
+
         async for name, event in self._events(_PATH, self.body(request, stream=True)):
             if not isinstance(event, Mapping):
                 raise self._unreadable(f"a stream event is not an object: {event!r:.200}")
@@ -369,12 +495,30 @@ class OpenAIResponsesModel(OpenAIHttpModel):
                 piece = event.get("delta")
                 if isinstance(piece, str) and piece:
                     text.append(piece)
-                    if sink is not None:
+                    if phases.get(event.get("output_index")) == "commentary":
+                        held = held if held is not None else []
+                        held.append(piece)
+                    elif sink is not None:
                         sink(piece)
-            elif kind == "response.reasoning_summary_text.delta":
+            elif kind == "response.output_item.added":
+                item = event.get("item")
+                phase = item.get("phase") if isinstance(item, Mapping) else None
+                phases[event.get("output_index")] = phase
+                if phase == "final_answer":
+                    held = None  # kept as the reply's `commentary`, not its text
+                elif phase != "commentary":
+                    release()
+            elif kind in (
+                "response.reasoning_summary_text.delta",
+                "response.reasoning_text.delta",
+            ):
                 piece = event.get("delta")
                 if isinstance(piece, str) and piece and thinking is not None:
-                    part = (event.get("item_id"), event.get("summary_index"))
+                    part = (
+                        kind,
+                        event.get("output_index"),
+                        event.get("summary_index", event.get("content_index")),
+                    )
                     if last_part is not None and part != last_part:
                         # The streamed pieces join to the message's `reasoning`.
                         thinking("\n\n")
@@ -390,6 +534,8 @@ class OpenAIResponsesModel(OpenAIHttpModel):
                 if kind == "response.failed" and not isinstance(final, Mapping):
                     raise self._failed(None)
                 response = self._finish(final, [done[i] for i in sorted(done)])
+                if response.message.get("phase") != "final_answer":
+                    release()
                 if text and not response.message["content"]:
                     # A server that streams the text but lists no items for it.
                     response.message["content"] = "".join(text)
