@@ -551,3 +551,49 @@ async def test_a_fresh_process_continues_from_the_saved_summary(
     assert out["summaries"] == 0 and out["compacted"] is False
     assert out["sent"][: len(view)] == view  # the summary saved by the first process
     assert out["sent"][-1]["content"] == turn_text(99)
+
+
+# -- approvals and background runs on a compacted thread -----------------------------------------
+
+
+async def test_approvals_and_background_runs_work_on_a_compacted_thread(tmp_path: Path) -> None:
+    @tool
+    def refund(order_id: str) -> str:
+        """Refund an order."""
+        return f"refunded {order_id}"
+
+    sent: list[list[dict[str, Any]]] = []
+
+    def fn(messages: list[dict[str, Any]], tools: list[Any]) -> Any:
+        if is_summary_call(messages):
+            return "summary: the user chatted"
+        sent.append(messages)
+        last = messages[-1]
+        if last["role"] == "user" and "refund" in str(last["content"]):
+            return FakeReply.tool_call("refund", {"order_id": "A1"})
+        return "done" if last["role"] == "tool" else "ok"
+
+    async with Storage(f"sqlite:///{tmp_path}/t.db") as storage:
+        agent = Agent(
+            FunctionModel(fn),
+            tools=[refund],
+            approve=["refund"],
+            context=ContextPolicy(max_input_tokens=700, keep_last=2),
+            storage=storage,
+        )
+        thread = agent.thread("t")
+        compacted = []
+        for i in range(10):
+            handle = await thread.submit(turn_text(i, 300))
+            compacted.append((await handle.reply()).compacted)
+        assert any(compacted)
+        asked = await thread.send("please refund A1")
+        assert asked.needs_approval and [a.tool for a in asked.approvals] == ["refund"]
+        done = await thread.approve()
+        assert done.text == "done"
+        # The call and its result were sent together after the summary.
+        last = sent[-1]
+        assert last[0]["kind"] == "summary"
+        assert [m["role"] for m in last[-3:]] == ["user", "assistant", "tool"]
+        assert last[-1]["content"] == "refunded A1"
+        assert len(await thread.messages()) == 10 * 2 + 4
