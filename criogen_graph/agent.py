@@ -79,6 +79,10 @@ class Agent(Generic[Output]):
     a limit is reached. Use `run()` for one-off tasks and `thread(id)` for conversations
     that are saved between calls. `agent.graph` is the compiled LangGraph graph.
 
+    `context=ContextPolicy(max_input_tokens=...)` keeps what each model call is sent
+    within a token budget on threads that live long (older messages summarized, old tool
+    results cleared; the storage keeps every message).
+
     Raises `TypeError` for an entry of `tools` that is not a tool or a model string that
     names no known provider, and `ValidationError` for a provider whose key is missing or
     an option the agent does not accept.
