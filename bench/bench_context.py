@@ -135,11 +135,11 @@ async def ours(turns: int, budget: int, keep_last: int, db: Path) -> dict[str, A
                 if first_compaction is None:
                     first_compaction = i + 1
         stored = len(await thread.messages())
-        made = summaries  # the long thread's (the timing below writes more)
+        # The long thread's figures: the timing below writes more.
+        made, n = summaries, len(sent)
         short = agent.thread(f"short-{uuid.uuid4().hex[:8]}")
         for i in range(SHORT):
             await short.send(user_text(i))
-        n = len(sent)
         side = await side_by_side(
             lambda i: short.send(user_text(SHORT + i)),
             lambda i: thread.send(user_text(turns + i)),
@@ -210,11 +210,10 @@ async def langchain(turns: int, budget: int, keep_last: int, db: Path) -> dict[s
             if first_summary is None and summaries[0]:
                 first_summary = i + 1
         stored = len((await agent.aget_state(cfg)).values["messages"])
-        made = summaries[0]
+        made, n = summaries[0], len(sent)
         short: Any = {"configurable": {"thread_id": f"short-{uuid.uuid4().hex[:8]}"}}
         for i in range(SHORT):
             await agent.ainvoke({"messages": [("user", user_text(i))]}, short)
-        n = len(sent)
         side = await side_by_side(
             lambda i: agent.ainvoke({"messages": [("user", user_text(SHORT + i))]}, short),
             lambda i: agent.ainvoke({"messages": [("user", user_text(turns + i))]}, cfg),

@@ -597,3 +597,18 @@ async def test_approvals_and_background_runs_work_on_a_compacted_thread(tmp_path
         assert [m["role"] for m in last[-3:]] == ["user", "assistant", "tool"]
         assert last[-1]["content"] == "refunded A1"
         assert len(await thread.messages()) == 10 * 2 + 4
+
+
+async def test_an_overflow_with_nothing_older_to_summarize_raises_the_provider_error(
+    srv: ReplayServer,
+) -> None:
+    model = replay_model("anthropic", srv)
+    agent = Agent(model, model_retry=NO_WAIT, context=ContextPolicy(max_input_tokens=1_000_000))
+    try:
+        srv.replay("anthropic/prompt_too_long")
+        with pytest.raises(ModelError, match="prompt is too long") as info:
+            await agent.thread("t").send("one very long question")
+        assert info.value.kind == "context_overflow" and len(srv.requests) == 1
+        assert [m["role"] for m in await agent.thread("t").messages()] == ["user"]
+    finally:
+        await model.aclose()

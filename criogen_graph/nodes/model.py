@@ -34,7 +34,7 @@ from criogen_graph.messages import (
     ToolMessage,
 )
 from criogen_graph.middleware import ModelCall
-from criogen_graph.nodes.context import Compactor, View, calibrated
+from criogen_graph.nodes.context import Compactor, View, calibrated, tail_start
 from criogen_graph.nodes.events import RedactedText, Writer, step_of, stream_writer
 from criogen_graph.nodes.hook_actions import checked_reply, checked_transcript, redacted_action
 from criogen_graph.nodes.model_call import STEP, Step, compose, finished
@@ -351,7 +351,10 @@ class ModelNode:
             or err.kind != "context_overflow"
             or compactor.policy.on_overflow != "compact"
             or turn.replaced
+            or tail_start(turn.stored, compactor.policy.keep_last, view.start) <= view.start
         ):
+            # Nothing older than the newest messages to summarize: the provider's error
+            # says best what did not fit.
             return False
         try:
             harder = await compactor.prepare(
