@@ -57,6 +57,8 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "search": ([], ["--docs", "20000", "--queries", "100"]),
     "search_vectors": (["--vectors"], ["--vectors", "--docs", "5000", "--queries", "100"]),
+    # Issue 34: a thread of 2,000 user messages under a ContextPolicy.
+    "context": ([], ["--turns", "500"]),
 }
 #: Entries of `SCRIPTS` that run another entry's script with other settings.
 SCRIPT_OF = {"storage_full": "storage", "scale_workers": "scale", "search_vectors": "search"}
@@ -406,6 +408,33 @@ def rows_providers(d: dict[str, Any]) -> list[Row]:
     ]  # fmt: skip
 
 
+def rows_context(d: dict[str, Any]) -> list[Row]:
+    ours, lc = d["criogen_graph"], d["langchain"]
+    n, budget, keep = d["turns"], d["budget"], d["keep_last"]
+    tok, lc_tok = ours["tokens_per_turn"], lc["tokens_per_turn"]
+    side, lc_side = ours["interleaved_ms_per_turn"], lc["interleaved_ms_per_turn"]
+    count = lambda v: f"{v:,.0f}"  # noqa: E731
+    return [
+        Row(f"long thread ({n:,} user messages of ~2 KB, SQLite, budget {budget:,} tokens): "
+            "tokens sent per turn after the first summary, max / median, vs `create_agent` + "
+            "`SummarizationMiddleware`",
+            f"{tok['max_after_first_compaction']:,} / {tok['median_after_first_compaction']:,}",
+            f"{lc_tok['max_after_first_compaction']:,} / "
+            f"{lc_tok['median_after_first_compaction']:,}",
+            tok["max_after_first_compaction"] / lc_tok["max_after_first_compaction"],
+            f"<= {budget:,}", tok["over_budget_after_first_compaction"] == 0),
+        Row(f"long thread: summary calls (keep_last {keep})", count(ours["summary_calls"]),
+            count(lc["summary_calls"]), ours["summary_calls"] / max(1, lc["summary_calls"]),
+            f"<= {2 * n // keep:,}", ours["summary_calls"] <= 2 * n // keep),
+        Row(f"long thread: per turn at message {n:,} vs at message 100 (ours, interleaved)",
+            ms(side["at_end"]), ms(side["at_100"]), side["ratio"], "<= 1.30",
+            side["ratio"] <= 1.30),
+        ratio_row(f"long thread: per turn at message {n:,} vs `create_agent` + "
+                  "`SummarizationMiddleware` + `AsyncSqliteSaver` (interleaved)",
+                  side["at_end"], lc_side["at_end"], ms, None),
+    ]  # fmt: skip
+
+
 ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "peers": rows_peers,
     "storage": rows_storage,
@@ -421,6 +450,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "scale_workers": rows_scale_workers,
     "search": rows_search,
     "search_vectors": rows_search_vectors,
+    "context": rows_context,
 }
 
 

@@ -11,6 +11,7 @@ from criogen_graph.adapters.telemetry import Telemetry
 from criogen_graph.agent import Agent, AgentTool
 from criogen_graph.approvals import Approval
 from criogen_graph.audit import read_audit
+from criogen_graph.context import ContextPolicy
 from criogen_graph.errors import (
     CancelledError,
     CriogenError,
@@ -178,6 +179,7 @@ __all__ = [
     "AssistantMessage",
     "CancelledError",
     "CollectionTool",
+    "ContextPolicy",
     "CriogenError",
     "Decision",
     "ErrorCode",

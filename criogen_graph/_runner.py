@@ -214,6 +214,7 @@ def build_result(
         duration_ms=(time.perf_counter() - started) * 1000.0,
         answered_by=run.get("answered_by"),
         models=list(run.get("models") or ()),
+        compacted=bool(run.get("compacted")),
         **extra,
     )
     if stop == "limit":

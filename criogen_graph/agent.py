@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from criogen_graph.adapters.models.base import Model
     from criogen_graph.adapters.telemetry import Spans, Telemetry
+    from criogen_graph.context import ContextPolicy
     from criogen_graph.memory import Memory, MemoryView
     from criogen_graph.redact import Redactor
     from criogen_graph.storage import Storage
@@ -65,6 +66,7 @@ class AgentOptions(TypedDict, total=False):
     hooks: Sequence[object]
     middleware: Sequence[Middleware]
     redact: Redactor | None
+    context: ContextPolicy | None
     name: str
 
 
@@ -76,6 +78,10 @@ class Agent(Generic[Output]):
     order), feeds the results back, and repeats until the model answers without tools or
     a limit is reached. Use `run()` for one-off tasks and `thread(id)` for conversations
     that are saved between calls. `agent.graph` is the compiled LangGraph graph.
+
+    `context=ContextPolicy(max_input_tokens=...)` keeps what each model call is sent
+    within a token budget on threads that live long (older messages summarized, old tool
+    results cleared; the storage keeps every message).
 
     Raises `TypeError` for an entry of `tools` that is not a tool or a model string that
     names no known provider, and `ValidationError` for a provider whose key is missing or
@@ -121,6 +127,7 @@ class Agent(Generic[Output]):
         hooks: Sequence[object] = (),
         middleware: Sequence[Middleware] = (),
         redact: Redactor | None = None,
+        context: ContextPolicy | None = None,
         name: str = "agent",
     ) -> None:
         models = _check_models(model, fallbacks)
@@ -154,7 +161,11 @@ class Agent(Generic[Output]):
             memory=memory,
             spans=spans,
             redact=redact,
+            context=context,
+            summarizer=_check_context(context),
         )
+        if context is not None:
+            _check_budget(self._spec)
         self._storage: Storage = _resolve_storage(storage if storage is not None else "memory://")
         self._graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         self._thread_graphs: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = (
@@ -408,6 +419,37 @@ def _check_models(model: object, fallbacks: object) -> tuple[Model, ...]:
     if isinstance(fallbacks, str | bytes) or not isinstance(fallbacks, Iterable):
         raise TypeError("fallbacks must be a list of models")
     return (primary, *(resolve_model(m, option="fallbacks entry") for m in fallbacks))
+
+
+def _check_context(context: object) -> Model | None:
+    """Check `context=`; the model that writes its summaries, when not the agent's own."""
+    if context is None:
+        return None
+    from criogen_graph.context import ContextPolicy
+
+    if not isinstance(context, ContextPolicy):
+        raise TypeError(
+            f"context must be a ContextPolicy (e.g. ContextPolicy(max_input_tokens=100_000)), "
+            f"got {context!r}"
+        )
+    if context.summarize_with is None:
+        return None
+    return resolve_model(context.summarize_with, option="ContextPolicy summarize_with")
+
+
+def _check_budget(spec: AgentSpec) -> None:
+    """A budget that cannot hold the instructions and tool schemas is a mistake."""
+    from criogen_graph.nodes.context import chars_per_token, head_tokens
+
+    policy = spec.context
+    head = head_tokens(spec, chars_per_token(spec.models[0]))
+    if head >= policy.max_input_tokens:
+        raise ValidationError(
+            f"ContextPolicy max_input_tokens={policy.max_input_tokens} is below what every "
+            f"call sends besides the conversation: the instructions and tool schemas take "
+            f"~{head} tokens; raise max_input_tokens (or shorten them)",
+            code="invalid_value",
+        )
 
 
 def _check_approvals(

@@ -210,12 +210,14 @@ class SystemMessage(TypedDict):
 
 class UserMessage(TypedDict):
     """What the user said. `kind` marks one the agent wrote itself: `"output_retry"`, the
-    correction asked for when a typed answer did not fit its schema."""
+    correction asked for when a typed answer did not fit its schema; `"summary"`, the
+    summary of older messages a `ContextPolicy` sends instead of them (only in what the
+    model is sent, `thread.context()`, never in the stored transcript)."""
 
     role: Literal["user"]
     content: Content
     id: NotRequired[str]
-    kind: NotRequired[Literal["output_retry"]]
+    kind: NotRequired[Literal["output_retry", "summary"]]
 
 
 class AssistantMessage(TypedDict):
@@ -302,3 +304,5 @@ class RunRecord(TypedDict):
     output: Any
     error: LimitRecord | None
     hooks: NotRequired[dict[str, Any]]
+    #: The run wrote a new summary of the thread (`ContextPolicy`).
+    compacted: NotRequired[bool]

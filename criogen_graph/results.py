@@ -235,6 +235,8 @@ class RunResult(Generic[Output]):
     models: list[ModelIdentity] = field(default_factory=list)
     #: Which limit was reached, when `stop_reason == "limit"` (`{"limit", "value"}`).
     limit: LimitRecord | None = field(default=None, repr=False)
+    #: The run wrote a new summary of older messages to fit the agent's `ContextPolicy`.
+    compacted: bool = False
 
 
 @dataclass(slots=True)

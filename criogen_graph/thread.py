@@ -317,6 +317,27 @@ class Thread(Generic[Output]):
         snap = await graph.aget_state(cfg)
         return list(snap.values.get("messages") or [])
 
+    async def context(self) -> list[dict[str, Any]]:
+        """What the model would be sent next (before the next input): the instructions
+        as a system message, then, with a `ContextPolicy`, the summary of older messages
+        (a user message with `kind: "summary"`) and the newer ones (old tool results
+        cleared when the budget asks for it); without one, the whole transcript. A call
+        that does not fit any more summarizes further first. `messages()` keeps every
+        message."""
+        graph, cfg = await self._graph()
+        snap = await graph.aget_state(cfg)
+        stored = list(snap.values.get("messages") or [])
+        spec = self.agent.spec
+        head: list[dict[str, Any]] = []
+        if spec.system_message is not None:
+            head.append(dict(spec.system_message))
+        if spec.context is None:
+            return head + stored
+        from criogen_graph.nodes.context import current_view
+
+        view = current_view(spec, spec.context, stored, snap.values.get("context"))
+        return head + [dict(m) for m in view.messages]
+
     async def pending_approvals(self) -> PendingApprovals:
         """The calls waiting for a decision, read from storage (works after a restart and
         from another process sharing the storage); empty when the thread is not waiting.

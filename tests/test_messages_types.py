@@ -94,8 +94,9 @@ def test_other_literals_are_their_runtime_sets() -> None:
     assert _literal(m.DecisionType) == set(DECISION_TYPES)
     assert _literal(m.ToolStatus) > RAN_STATUSES
     assert _literal(m.StopReason) > _literal(m.ModelStopReason)
-    assert set(new_run("r", {})) == set(get_type_hints(m.RunRecord))
-    assert m.RunRecord.__optional_keys__ == {"hooks"}
+    # `compacted` is set only by a run that summarized (ContextPolicy).
+    assert set(new_run("r", {})) | {"compacted"} == set(get_type_hints(m.RunRecord))
+    assert m.RunRecord.__optional_keys__ == {"hooks", "compacted"}
 
 
 def test_every_stop_reason_the_package_sets_is_listed() -> None:

@@ -34,6 +34,7 @@ from criogen_graph.messages import (
     ToolMessage,
 )
 from criogen_graph.middleware import ModelCall
+from criogen_graph.nodes.context import Compactor, View, calibrated, tail_start
 from criogen_graph.nodes.events import RedactedText, Writer, step_of, stream_writer
 from criogen_graph.nodes.hook_actions import checked_reply, checked_transcript, redacted_action
 from criogen_graph.nodes.model_call import STEP, Step, compose, finished
@@ -59,6 +60,11 @@ def _plain(messages: Messages) -> list[dict[str, Any]]:
     return cast(list[dict[str, Any]], messages)
 
 
+def _thread_id(config: RunnableConfig) -> str | None:
+    thread_id: str | None = (config.get("configurable") or _EMPTY).get("thread_id")
+    return thread_id
+
+
 def _memory_store() -> Any:
     from langgraph.config import get_store
 
@@ -74,18 +80,51 @@ def _memory_store() -> Any:
 
 class _Turn:
     """What one model step works on: the run record, the transcript the model sees (a
-    `before_model` hook may have replaced it), and the messages the step adds."""
+    `before_model` hook may have replaced it), and the messages the step adds.
 
-    __slots__ = ("new", "replaced", "reply", "run", "transcript", "user_state")
+    With a `ContextPolicy`, `transcript` is the view the model is sent (`view`), and
+    `stored` the whole transcript; a hook's replacement then changes only what is sent,
+    unless the view is the whole transcript. `ctx` is the `context` channel to write."""
+
+    __slots__ = (
+        "ctx",
+        "new",
+        "replaced",
+        "reply",
+        "run",
+        "stored",
+        "transcript",
+        "user_state",
+        "view",
+        "viewed",
+    )
 
     def __init__(self, run: RunRecord, transcript: Messages, user_state: Mapping[str, Any]) -> None:
         self.run = run
         self.transcript = transcript
+        self.stored = transcript
         self.user_state = user_state
         self.replaced = False
         self.new: Messages = []
         #: The model's reply (or the `after_model` hook's replacement), `new[0]`.
         self.reply: AssistantMessage = {"role": "assistant", "content": ""}
+        self.view: View | None = None
+        self.viewed = False
+        self.ctx: dict[str, Any] | None = None
+
+    def show(self, view: View) -> None:
+        """Send the model `view` instead of the stored transcript."""
+        self.view = view
+        self.viewed = bool(view.start or view.cleared)
+        if self.viewed:
+            self.transcript = view.messages
+        if view.compacted:
+            self.ctx = dict(view.ctx or {})
+
+    @property
+    def known(self) -> Messages:
+        """The whole transcript as it will be stored (what call ids must be unique in)."""
+        return self.stored if self.viewed else self.transcript
 
     def set_reply(self, msg: AssistantMessage) -> None:
         self.reply = msg
@@ -96,9 +135,16 @@ class _Turn:
 
     def update(self) -> Update:
         """The node's state update for what the step did."""
-        if self.replaced:
-            return {"messages": Overwrite([*self.transcript, *self.new]), "run": self.run}
-        return {"messages": tuple(self.new), "run": self.run} if self.new else {"run": self.run}
+        out: Update
+        if self.replaced and not self.viewed:
+            out = {"messages": Overwrite([*self.transcript, *self.new]), "run": self.run}
+        elif self.new:
+            out = {"messages": tuple(self.new), "run": self.run}
+        else:
+            out = {"run": self.run}
+        if self.ctx is not None:
+            out["context"] = self.ctx
+        return out
 
     def stop(self, reason: StopReason, output: Any = _KEEP) -> Update:
         self.run["stop_reason"] = reason
@@ -118,6 +164,11 @@ class ModelNode:
     def __init__(self, spec: AgentSpec) -> None:
         self.spec = spec
         self._call, self._wrapped = compose(spec)
+        self._compactor = (
+            Compactor(spec, spec.context, compose(spec, user=False)[0])
+            if spec.context is not None
+            else None
+        )
 
     async def __call__(self, state: dict[str, Any], config: RunnableConfig) -> Any:
         if not self.spec.loaded:
@@ -154,6 +205,11 @@ class ModelNode:
         if early is not None:
             return early, []
         turn = _Turn(run, messages, user_state)
+        if self._compactor is not None:
+            view = await self._compactor.prepare(
+                messages, state.get("context"), run, _thread_id(config), user_state
+            )
+            turn.show(view)
         ended = await self._before_model(turn)
         if ended is not None:
             return ended, []
@@ -209,7 +265,7 @@ class ModelNode:
             if action.message is not None:
                 msg = checked_reply(name, action.message, msg.get("id", ""))
                 if msg.get("tool_calls"):
-                    unique_call_ids(msg["tool_calls"], turn.transcript)
+                    unique_call_ids(msg["tool_calls"], turn.known)
                 turn.set_reply(msg)
             if action.end:
                 turn.run["stop_reason"] = "hook_end"
@@ -257,11 +313,20 @@ class ModelNode:
         )
         token = STEP.set(step)
         try:
-            response = await self._call(call)
+            try:
+                response = await self._call(call)
+            except ModelError as err:
+                if not await self._compact_harder(err, turn, config):
+                    raise
+                again = self._request(turn, recalled)
+                again.on_text, again.on_reasoning = request.on_text, request.on_reasoning
+                response = await self._call(call.replace(request=again))
         except ModelError as err:
             response = finished(err)
         finally:
             STEP.reset(token)
+        if turn.view is not None:
+            self._calibrate(turn, response.usage.get("input_tokens", 0))
         if redactor is not None:
             # Ahead of every hook: what is saved, streamed and exported is redacted.
             response.message = redact_messages(redactor, [response.message])[0]
@@ -271,9 +336,48 @@ class ModelNode:
         msg = response.message
         msg["id"] = msg_id
         if msg.get("tool_calls"):
-            unique_call_ids(msg["tool_calls"], turn.transcript)  # before anything keys on them
+            unique_call_ids(msg["tool_calls"], turn.known)  # before anything keys on them
         turn.set_reply(msg)
         return response
+
+    async def _compact_harder(self, err: ModelError, turn: _Turn, config: RunnableConfig) -> bool:
+        """After a provider's context-overflow error: summarize all but the newest
+        messages, once, when the policy says so; whether the call is to be made again."""
+        compactor = self._compactor
+        view = turn.view
+        if (
+            compactor is None
+            or view is None
+            or err.kind != "context_overflow"
+            or compactor.policy.on_overflow != "compact"
+            or turn.replaced
+            or tail_start(turn.stored, compactor.policy.keep_last, view.start) <= view.start
+        ):
+            # Nothing older than the newest messages to summarize: the provider's error
+            # says best what did not fit.
+            return False
+        try:
+            harder = await compactor.prepare(
+                turn.stored,
+                turn.ctx if turn.ctx is not None else view.ctx,
+                turn.run,
+                _thread_id(config),
+                turn.user_state,
+                harder=True,
+            )
+        except ModelError as own:
+            raise own from err
+        turn.show(harder)
+        return True
+
+    def _calibrate(self, turn: _Turn, input_tokens: int) -> None:
+        """Keep the provider's count of what this call was sent, for the next count."""
+        view = turn.view
+        assert view is not None
+        if turn.replaced:
+            turn.ctx = dict(view.ctx or {})
+        else:
+            turn.ctx = calibrated(view, len(turn.stored), input_tokens)
 
     def _route(self, turn: _Turn) -> Any:
         """Where the run goes after the reply: the end (an answer, typed output), the

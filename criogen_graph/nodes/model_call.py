@@ -29,7 +29,7 @@ from criogen_graph.results import empty_usage
 class Step:
     """What the layers of one model step share."""
 
-    __slots__ = ("answered", "reasoning", "span", "spans", "text", "writer")
+    __slots__ = ("answered", "reasoning", "span", "spans", "summary", "text", "writer")
 
     def __init__(
         self,
@@ -44,6 +44,8 @@ class Step:
         self.answered: Model | None = None
         self.text = _AttemptSinks(on_text)
         self.reasoning = _AttemptSinks(on_reasoning)
+        #: A call that summarizes the thread (`ContextPolicy`), not one of the run's turns.
+        self.summary = False
 
     def event(self, event: str, span_event: str, attributes: dict[str, Any]) -> None:
         """A retry or fallback, as a stream event and an event on the `chat` span."""
@@ -56,11 +58,13 @@ class Step:
 STEP: ContextVar[Step] = ContextVar("criogen_model_step")
 
 
-def compose(spec: AgentSpec) -> tuple[ModelHandler, bool]:
-    """The model call of `spec`'s agent with every layer around it, and whether the
-    user's middleware is among them."""
+def compose(spec: AgentSpec, *, user: bool = True) -> tuple[ModelHandler, bool]:
+    """The model call of `spec`'s agent with every layer around it (without the user's
+    middleware unless `user`), and whether the user's middleware is among them."""
     layers: list[Middleware] = [
-        m for m in spec.middleware if type(m).wrap_model_call is not Middleware.wrap_model_call
+        m
+        for m in (spec.middleware if user else ())
+        if type(m).wrap_model_call is not Middleware.wrap_model_call
     ]
     wrapped = bool(layers)
     layers += [_Telemetry(spec), _Callbacks(spec)]
@@ -124,6 +128,8 @@ class _Telemetry(Middleware):
         if spans.content:
             attributes["gen_ai.input.messages"] = spans.text(call.request.messages)
         step = STEP.get()
+        if step.summary:
+            attributes["criogen.summary"] = True
         with spans.span(f"chat {model.name}", attributes, kind="client") as span:
             step.spans, step.span = spans, span
             try:

@@ -43,6 +43,10 @@ class AgentSpec:
     spans: Any = None
     #: The agent's `Redactor`.
     redact: Any = None
+    #: The agent's `ContextPolicy` (None: the whole transcript is sent).
+    context: Any = None
+    #: The model that writes summaries (`context.summarize_with`), None: `models[0]`.
+    summarizer: Model | None = None
     system_message: SystemMessage | None = field(init=False, default=None)
     tool_specs: list[dict[str, Any]] = field(init=False, default_factory=list)
     loaded: bool = field(init=False, default=False)

@@ -5,6 +5,8 @@
 - `run`: one dict of bookkeeping for the current run (id, counters, usage, models, stop
   reason, output) plus `hooks`, the state hooks saved, which outlives the run.
 - `state`: the run state the caller passed (`state=`), read-only to hooks and tools.
+- `context`: with a `ContextPolicy`, the summary of older messages and the token count
+  of the previous call (see `nodes.context`); absent otherwise.
 """
 
 from __future__ import annotations
@@ -216,6 +218,7 @@ class AgentState(TypedDict, total=False):
     messages: Annotated[list[Message], DeltaChannel(append_messages)]
     run: Annotated[RunRecord, merge_run]
     state: dict[str, Any]
+    context: dict[str, Any]
 
 
 def new_run(run_id: str, hooks: dict[str, Any] | None = None) -> RunRecord:
