@@ -1,0 +1,259 @@
+"""The runs of one server process: each is a `Thread` call (`stream`, `stream_decide`,
+...) in a task of its own, whose events are kept in order with their ids so any number
+of clients can follow it, join it late, or reconnect and get what they missed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+from criogen_graph.errors import CriogenError
+from criogen_graph.serve._protocol import interrupts_json, lc_message, now_iso, sse
+from criogen_graph.serve._records import Records
+from criogen_graph.stream import (
+    ApprovalNeededEvent,
+    MessageEvent,
+    Stream,
+    StreamEvent,
+    TextEvent,
+)
+
+__all__ = ["Run", "Runs"]
+
+_log = logging.getLogger("criogen_graph.serve")
+
+#: Finished runs whose events stay in memory for late joiners.
+_KEEP_FINISHED = 1000
+#: Seconds between SSE heartbeats on an idle stream (proxies drop silent connections).
+HEARTBEAT_SECS = 15.0
+#: Events always sent, whatever stream modes were asked for.
+_ALWAYS = frozenset({"metadata", "error"})
+_TERMINAL = frozenset({"success", "error", "interrupted", "timeout"})
+
+#: Reads a thread's state once its run ended: (values, interrupts).
+ReadState = Callable[[], Awaitable[tuple[dict[str, Any], list[Any]]]]
+
+
+@dataclasses.dataclass
+class Run:
+    """One run: its record (the API's run object), its events, and its task."""
+
+    record: dict[str, Any]
+    modes: frozenset[str]
+    events: list[tuple[int, str, str, Any]] = dataclasses.field(default_factory=list)
+    wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    values: dict[str, Any] | None = None
+    error: BaseException | None = None
+
+    @property
+    def id(self) -> str:
+        return str(self.record["run_id"])
+
+    @property
+    def thread_id(self) -> str:
+        return str(self.record["thread_id"])
+
+    def emit(self, mode: str, event: str, data: Any) -> None:
+        self.events.append((len(self.events) + 1, mode, event, data))
+        self.wake.set()
+        self.wake = asyncio.Event()
+
+    def cancel(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    async def follow(self, modes: frozenset[str], after: int = 0) -> AsyncIterator[bytes]:
+        """The run's events after id `after` in `modes`, as SSE, until it ends (with a
+        heartbeat comment while it is quiet)."""
+        wanted = modes | _ALWAYS
+        seen = after
+        while True:
+            wake = self.wake
+            while seen < len(self.events):
+                event_id, mode, event, data = self.events[seen]
+                seen += 1
+                if mode in wanted:
+                    yield sse(event, data, str(event_id))
+            if self.done.is_set():
+                return
+            try:
+                await asyncio.wait_for(wake.wait(), HEARTBEAT_SECS)
+            except TimeoutError:
+                yield b": heartbeat\n\n"
+
+
+class _Emitter:
+    """Turns a `Thread` stream's events into the API's events, in every mode at once
+    (a client picks its modes when it reads)."""
+
+    def __init__(self, run: Run, values: dict[str, Any]) -> None:
+        self.run = run
+        self.values = dict(values)
+        self.messages: list[Any] = list(self.values.get("messages") or [])
+        self.partial: dict[str, str] = {}
+        self.meta = {
+            "run_id": run.id,
+            "thread_id": run.thread_id,
+            "assistant_id": run.record["assistant_id"],
+            "langgraph_node": "model",
+        }
+
+    def __call__(self, event: StreamEvent) -> None:
+        run = self.run
+        if isinstance(event, ApprovalNeededEvent):
+            return  # the interrupt goes out with the final values
+        run.emit("custom", "custom", dataclasses.asdict(event))
+        if isinstance(event, TextEvent):
+            self._text(event)
+        elif isinstance(event, MessageEvent):
+            self._message(event.message)
+
+    def _text(self, event: TextEvent) -> None:
+        run = self.run
+        chunk = {
+            "type": "AIMessageChunk",
+            "content": event.text,
+            "id": event.message_id,
+            "tool_calls": [],
+            "tool_call_chunks": [],
+            "additional_kwargs": {},
+            "response_metadata": {},
+        }
+        run.emit("messages-tuple", "messages", [chunk, self.meta])
+        so_far = self.partial.get(event.message_id)
+        if so_far is None:
+            run.emit("messages", "messages/metadata", {event.message_id: {"metadata": self.meta}})
+            so_far = ""
+        so_far += event.text
+        self.partial[event.message_id] = so_far
+        run.emit("messages", "messages/partial", [{**chunk, "type": "ai", "content": so_far}])
+
+    def _message(self, message: Mapping[str, Any]) -> None:
+        run = self.run
+        self.messages.append(dict(message))
+        run.emit("values", "values", {**self.values, "messages": list(self.messages)})
+        role = message.get("role")
+        if role == "user":
+            return
+        node = "tools" if role == "tool" else "model"
+        run.emit("updates", "updates", {node: {"messages": [dict(message)]}})
+        lc = lc_message(message)
+        run.emit("messages-tuple", "messages", [lc, {**self.meta, "langgraph_node": node}])
+        run.emit("messages", "messages/complete", [lc])
+
+    def finish(self, values: dict[str, Any], interrupts: list[Any]) -> dict[str, Any]:
+        final = dict(values)
+        if interrupts:
+            final["__interrupt__"] = interrupts_json(interrupts)
+            self.run.emit("updates", "updates", {"__interrupt__": final["__interrupt__"]})
+        self.run.emit("values", "values", final)
+        return final
+
+
+class Runs:
+    """The runs of this process, one at a time per thread (in the order they came)."""
+
+    def __init__(self, records: Records) -> None:
+        self.records = records
+        self._runs: OrderedDict[str, Run] = OrderedDict()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def get(self, run_id: str) -> Run | None:
+        return self._runs.get(run_id)
+
+    def busy(self, thread_id: str) -> bool:
+        """A run of this process is queued or running on the thread."""
+        return any(
+            r.thread_id == thread_id and not r.done.is_set() for r in list(self._runs.values())
+        )
+
+    def start(
+        self,
+        record: dict[str, Any],
+        modes: frozenset[str],
+        call: Callable[[], Stream[Any]],
+        before: dict[str, Any],
+        read_state: ReadState,
+    ) -> Run:
+        """Queue `call` (a `Thread` stream call) as a run of its thread."""
+        run = Run(record, modes)
+        self._runs[run.id] = run
+        self._forget_old()
+        run.emit("metadata", "metadata", {"run_id": run.id, "attempt": 1})
+        run.task = asyncio.ensure_future(self._execute(run, call, before, read_state))
+        return run
+
+    def _forget_old(self) -> None:
+        finished = [k for k, r in self._runs.items() if r.done.is_set()]
+        for key in finished[: max(0, len(finished) - _KEEP_FINISHED)]:
+            del self._runs[key]
+
+    async def _execute(
+        self,
+        run: Run,
+        call: Callable[[], Stream[Any]],
+        before: dict[str, Any],
+        read_state: ReadState,
+    ) -> None:
+        lock = self._locks.setdefault(run.thread_id, asyncio.Lock())
+        try:
+            async with lock:
+                await self._set_status(run, "running")
+                emitter = _Emitter(run, before)
+                stream = call()
+                async for event in stream:
+                    emitter(event)
+                await stream.reply()
+                values, interrupts = await read_state()
+                run.values = emitter.finish(values, interrupts)
+            await self._set_status(run, "success")
+        except asyncio.CancelledError as exc:
+            run.error = exc
+            await self._ended(run, "interrupted")
+            raise
+        except CriogenError as exc:
+            run.error = exc
+            run.emit("error", "error", {"error": type(exc).__name__, "message": str(exc)})
+            await self._ended(run, "error")
+        except Exception as exc:
+            _log.exception("run %s on thread %r failed", run.id, run.thread_id)
+            run.error = exc
+            run.emit(
+                "error",
+                "error",
+                {"error": type(exc).__name__, "message": "the run failed; see the server's log"},
+            )
+            await self._ended(run, "error")
+        finally:
+            run.done.set()
+            run.wake.set()
+            if not lock.locked() and self._locks.get(run.thread_id) is lock:
+                del self._locks[run.thread_id]
+
+    async def _ended(self, run: Run, status: str) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._set_status(run, status))
+
+    async def _set_status(self, run: Run, status: str) -> None:
+        run.record.update(status=status, updated_at=now_iso())
+        await self.records.put_run(run.record)
+
+    async def shutdown(self) -> None:
+        """Cancel every run of this process and wait until each is saved."""
+        tasks = [r.task for r in self._runs.values() if r.task is not None and not r.task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+
+def is_terminal(status: Any) -> bool:
+    """A run status after which nothing more happens."""
+    return status in _TERMINAL
