@@ -226,12 +226,18 @@ def _dict(body: Mapping[str, Any], name: str) -> dict[str, Any]:
 Handler = Callable[[_Server, Request, "str | None"], Awaitable[Response]]
 
 
-def _endpoint(server: _Server, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+#: Endpoints anyone may call (health checks come without credentials).
+_PUBLIC = frozenset({"/ok", "/info"})
+
+
+def _endpoint(
+    server: _Server, handler: Handler, public: bool
+) -> Callable[[Request], Awaitable[Response]]:
     """`handler` with the caller's identity, and every refusal as `{"detail": ...}`."""
 
     async def endpoint(request: Request) -> Response:
         try:
-            who = await server.identity(request)
+            who = None if public else await server.identity(request)
             return await handler(server, request, who)
         except BadRequest as exc:
             return _error(exc.status, exc.detail)
@@ -743,7 +749,7 @@ async def join_stream(server: _Server, request: Request, who: str | None) -> Res
     last = request.headers.get("last-event-id") or "0"
     if not last.isdigit():
         raise BadRequest(422, "Last-Event-ID must be an event id this server sent")
-    asked = request.query_params.getlist("stream_mode")
+    asked = [m for m in request.query_params.getlist("stream_mode") if m]
     if run is None:
         return StreamingResponse(_no_events(), media_type="text/event-stream")
     modes = stream_modes(asked) if asked else run.modes
@@ -806,7 +812,7 @@ def build_app(
     """The Starlette application serving `agents` on `storage` (see `create_app`)."""
     server = _Server({a.name: a for a in agents}, storage, auth)
     routes = [
-        Route(path, _endpoint(server, handler), methods=methods)
+        Route(path, _endpoint(server, handler, path in _PUBLIC), methods=methods)
         for path, handler, methods in _ROUTES
     ]
 
