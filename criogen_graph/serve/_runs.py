@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from criogen_graph.errors import CriogenError
-from criogen_graph.serve._protocol import interrupts_json, lc_message, now_iso, sse
+from criogen_graph.serve._protocol import dumps, interrupts_json, lc_message, now_iso, sse
 from criogen_graph.serve._records import Records
 from criogen_graph.stream import (
     ApprovalNeededEvent,
@@ -23,7 +23,7 @@ from criogen_graph.stream import (
     TextEvent,
 )
 
-__all__ = ["Run", "Runs"]
+__all__ = ["Run", "Runs", "is_terminal"]
 
 _log = logging.getLogger("criogen_graph.serve")
 
@@ -145,7 +145,14 @@ class _Emitter:
         node = "tools" if role == "tool" else "model"
         run.emit("updates", "updates", {node: {"messages": [dict(message)]}})
         lc = lc_message(message)
-        run.emit("messages-tuple", "messages", [lc, {**self.meta, "langgraph_node": node}])
+        meta = {**self.meta, "langgraph_node": node}
+        if lc["id"] in self.partial:
+            # Clients add up a message's chunks by id: the text is there already, only
+            # the tool calls are still to come.
+            if lc.get("tool_calls"):
+                run.emit("messages-tuple", "messages", [_calls_chunk(lc), meta])
+        else:
+            run.emit("messages-tuple", "messages", [lc, meta])
         run.emit("messages", "messages/complete", [lc])
 
     def finish(self, values: dict[str, Any], interrupts: list[Any]) -> dict[str, Any]:
@@ -155,6 +162,29 @@ class _Emitter:
             self.run.emit("updates", "updates", {"__interrupt__": final["__interrupt__"]})
         self.run.emit("values", "values", final)
         return final
+
+
+def _calls_chunk(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The last chunk of a streamed assistant message: its tool calls, no text."""
+    calls = message.get("tool_calls") or []
+    return {
+        "type": "AIMessageChunk",
+        "content": "",
+        "id": message.get("id"),
+        "tool_calls": calls,
+        "tool_call_chunks": [
+            {
+                "name": c.get("name"),
+                "args": dumps(c.get("args") or {}),
+                "id": c.get("id"),
+                "index": i,
+                "type": "tool_call_chunk",
+            }
+            for i, c in enumerate(calls)
+        ],
+        "additional_kwargs": {},
+        "response_metadata": {},
+    }
 
 
 class Runs:
