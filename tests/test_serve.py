@@ -44,11 +44,13 @@ class Server:
 
 
 @contextmanager
-def serve(storage: str, workdir: Path, *options: str) -> Iterator[Server]:
+def serve(
+    storage: str, workdir: Path, *options: str, agents: tuple[str, ...] = AGENTS
+) -> Iterator[Server]:
     """`criogen-graph serve` of the test agents on a free loopback port until the block
     ends; stopped with SIGTERM (SIGKILL if it hangs)."""
     port = _free_port()
-    args = [a for spec in AGENTS for a in ("--agent", spec)]
+    args = [a for spec in agents for a in ("--agent", spec)]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -458,6 +460,25 @@ def test_without_auth_the_server_listens_on_loopback_and_says_so(tmp_path: Path)
         assert httpx.get(f"{running.url}/ok").json() == {"ok": True}
         info = httpx.get(f"{running.url}/info").json()
         assert info["server"] == "criogen-graph"
+        document = httpx.get(f"{running.url}/openapi.json").json()
+        assert {
+            "/threads/{thread_id}/runs/stream",
+            "/threads/{thread_id}/runs/{run_id}/stream",
+            "/threads/{thread_id}/history",
+        } <= set(document["paths"])
+        # (found by the fuzz test) a graph whose state types have no JSON schema still
+        # answers; a thread id outside Latin-1 still streams (its Location is quoted).
+        schemas = httpx.get(f"{running.url}/assistants/chunky/schemas")
+        assert schemas.status_code == 200 and schemas.json()["graph_id"] == "chunky"
+        thread_id = "tíquet-ü-€-😀"
+        httpx.post(f"{running.url}/threads", json={"thread_id": thread_id})
+        body = {"assistant_id": "chunky", "input": {"messages": ["hi"]}}
+        with httpx.stream(
+            "POST", f"{running.url}/threads/{thread_id}/runs/stream", json=body, timeout=30
+        ) as streamed:
+            assert streamed.status_code == 200
+            assert "%E2%82%AC" in streamed.headers["location"]
+            assert "event: values" in streamed.read().decode()
     said = running.log.read_text()
     assert "127.0.0.1" in said and "loopback only: no --auth" in said
 

@@ -13,6 +13,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -32,6 +33,7 @@ from criogen_graph.errors import (
     ThreadSuspendedError,
     ValidationError,
 )
+from criogen_graph.serve._openapi import openapi
 from criogen_graph.serve._protocol import (
     BadRequest,
     dumps,
@@ -39,6 +41,7 @@ from criogen_graph.serve._protocol import (
     now_iso,
     read_input,
     state_json,
+    storable,
     stream_modes,
 )
 from criogen_graph.serve._records import Records
@@ -209,9 +212,12 @@ def _int(value: Any, name: str, default: int, *, low: int = 0, high: int = 10_00
 
 def _str(body: Mapping[str, Any], name: str) -> str | None:
     value = body.get(name)
-    if value is not None and not isinstance(value, str):
+    if value is None:
+        return None
+    if not isinstance(value, str):
         raise BadRequest(422, f"{name} must be a string")
-    return value
+    text: str = storable(value, name)
+    return text
 
 
 def _dict(body: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -220,14 +226,15 @@ def _dict(body: Mapping[str, Any], name: str) -> dict[str, Any]:
         return {}
     if not isinstance(value, dict):
         raise BadRequest(422, f"{name} must be an object")
-    return value
+    stored: dict[str, Any] = storable(value, name)
+    return stored
 
 
 Handler = Callable[[_Server, Request, "str | None"], Awaitable[Response]]
 
 
 #: Endpoints anyone may call (health checks come without credentials).
-_PUBLIC = frozenset({"/ok", "/info"})
+_PUBLIC = frozenset({"/ok", "/info", "/openapi.json"})
 
 
 def _endpoint(
@@ -263,6 +270,10 @@ async def info(server: _Server, request: Request, who: str | None) -> Response:
             "metadata": {},
         }
     )
+
+
+async def openapi_json(server: _Server, request: Request, who: str | None) -> Response:
+    return _json(openapi(sorted(server.agents)))
 
 
 def _assistant(agent: Agent[Any]) -> dict[str, Any]:
@@ -303,15 +314,25 @@ async def assistant_graph(server: _Server, request: Request, who: str | None) ->
     return _json(agent.graph.get_graph().to_json())
 
 
+def _schema(agent: Agent[Any], what: str, make: Callable[[], Any]) -> Any:
+    """A JSON schema of the graph, or None when it cannot be made (LangGraph cannot
+    convert every state type; `langgraph dev` answers None then too)."""
+    try:
+        return make()
+    except Exception as exc:
+        _log.warning("no %s schema for %s: %s", what, agent.name, exc)
+        return None
+
+
 async def assistant_schemas(server: _Server, request: Request, who: str | None) -> Response:
     agent = server.agent(request.path_params["assistant_id"])
     graph = agent.graph
     return _json(
         {
             "graph_id": agent.name,
-            "input_schema": graph.get_input_jsonschema(),
-            "output_schema": graph.get_output_jsonschema(),
-            "state_schema": graph.get_input_jsonschema(),
+            "input_schema": _schema(agent, "input", graph.get_input_jsonschema),
+            "output_schema": _schema(agent, "output", graph.get_output_jsonschema),
+            "state_schema": _schema(agent, "state", graph.get_input_jsonschema),
             "config_schema": None,
             "context_schema": None,
         }
@@ -624,7 +645,7 @@ async def _start_run(
 
 
 def _run_headers(run: Run, tail: str) -> dict[str, str]:
-    base = f"/threads/{run.thread_id}/runs/{run.id}"
+    base = f"/threads/{quote(run.thread_id, safe='')}/runs/{run.id}"
     return {"Location": f"{base}/{tail}", "Content-Location": base}
 
 
@@ -763,6 +784,7 @@ async def join_stream(server: _Server, request: Request, who: str | None) -> Res
 _ROUTES: Sequence[tuple[str, Handler, list[str]]] = (
     ("/ok", ok, ["GET"]),
     ("/info", info, ["GET"]),
+    ("/openapi.json", openapi_json, ["GET"]),
     ("/assistants/search", search_assistants, ["POST"]),
     ("/assistants/{assistant_id}", get_assistant, ["GET"]),
     ("/assistants/{assistant_id}/graph", assistant_graph, ["GET"]),

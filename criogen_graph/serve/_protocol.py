@@ -21,6 +21,7 @@ __all__ = [
     "read_input",
     "sse",
     "state_json",
+    "storable",
     "stream_modes",
 ]
 
@@ -114,6 +115,48 @@ def stream_modes(value: Any) -> frozenset[str]:
     return frozenset(modes) or frozenset({"values"})
 
 
+_INT64 = 2**63
+_MAX_DEPTH = 32
+
+
+def _storable_str(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def storable(value: Any, name: str, depth: int = 0) -> Any:
+    """`value` if every storage can keep it as JSON (64-bit integers, finite floats, text
+    without NUL or lone surrogates, nesting up to 32 levels), else a 422 naming `name`."""
+    if depth > _MAX_DEPTH:
+        raise BadRequest(422, f"{name} is nested too deeply (over {_MAX_DEPTH} levels)")
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not -_INT64 <= value < _INT64:
+            raise BadRequest(422, f"{name} holds an integer outside the 64-bit range")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise BadRequest(422, f"{name} holds a number that is not finite")
+        return value
+    if isinstance(value, str):
+        if not _storable_str(value):
+            raise BadRequest(422, f"{name} holds text with a NUL or a lone surrogate")
+        return value
+    if isinstance(value, list):
+        return [storable(v, name, depth + 1) for v in value]
+    if isinstance(value, dict):
+        for key in value:
+            storable(key, name, depth + 1)
+        return {k: storable(v, name, depth + 1) for k, v in value.items()}
+    raise BadRequest(422, f"{name} must be JSON")
+
+
 def _text(content: Any) -> str:
     """The text of a message's content: a str, or LangChain content blocks."""
     if isinstance(content, str):
@@ -171,11 +214,11 @@ def read_input(value: Any) -> tuple[str, dict[str, Any] | None]:
             "input.messages must hold exactly one new user message (the thread keeps the "
             "conversation)",
         )
-    text = _user_text(messages[0])
+    text = storable(_user_text(messages[0]), "the message")
     state = value.get("state")
     if state is not None and not isinstance(state, Mapping):
         raise BadRequest(422, "input.state must be an object")
-    return text, dict(state) if state is not None else None
+    return text, storable(dict(state), "input.state") if state is not None else None
 
 
 def lc_message(message: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ encrypted at rest like the rest and shared by every process on the storage)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,12 @@ _THREADS = ("criogen_serve", "threads")
 _RUNS = ("criogen_serve", "runs")
 #: The most thread records one search reads before filtering by metadata.
 _SEARCH_WINDOW = 10_000
+
+
+def _runs_of(thread_id: str) -> tuple[str, ...]:
+    # A namespace label may not hold every character a thread id may (a period, for
+    # one): the runs of a thread are kept under a digest of its id.
+    return (*_RUNS, hashlib.sha256(thread_id.encode("utf-8")).hexdigest())
 
 
 class Records:
@@ -43,7 +50,7 @@ class Records:
     async def delete_thread(self, thread_id: str) -> None:
         store = await self._store()
         await store.adelete(_THREADS, thread_id)
-        for item in await store.asearch((*_RUNS, thread_id), limit=_SEARCH_WINDOW):
+        for item in await store.asearch(_runs_of(thread_id), limit=_SEARCH_WINDOW):
             await store.adelete(item.namespace, item.key)
 
     async def threads(self, owner: str | None) -> list[dict[str, Any]]:
@@ -56,16 +63,16 @@ class Records:
         return records
 
     async def run(self, thread_id: str, run_id: str) -> dict[str, Any] | None:
-        item = await (await self._store()).aget((*_RUNS, thread_id), run_id)
+        item = await (await self._store()).aget(_runs_of(thread_id), run_id)
         return dict(item.value) if item is not None else None
 
     async def put_run(self, record: Mapping[str, Any]) -> None:
         await (await self._store()).aput(
-            (*_RUNS, str(record["thread_id"])), record["run_id"], dict(record)
+            _runs_of(str(record["thread_id"])), record["run_id"], dict(record)
         )
 
     async def runs(self, thread_id: str) -> list[dict[str, Any]]:
-        items = await (await self._store()).asearch((*_RUNS, thread_id), limit=_SEARCH_WINDOW)
+        items = await (await self._store()).asearch(_runs_of(thread_id), limit=_SEARCH_WINDOW)
         records = [dict(i.value) for i in items]
         records.sort(key=lambda r: str(r.get("created_at")), reverse=True)
         return records
