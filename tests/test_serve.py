@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from criogen_graph import Storage
-from tests.conftest import PG_URL, ROOT, require_postgres
+from tests.conftest import PG_URL, ROOT, require_postgres, wait_until
 from tests.serve_agents import CHUNKS
 from tests.test_studio import _free_port, _wait_until_up, require_studio, serve_project
 
@@ -286,6 +286,45 @@ async def test_a_cancelled_run_stops_and_other_strategies_are_refused(client: An
     # The tool did not finish: the transcript has no result for it.
     state = await client.threads.get_state(thread_id)
     assert [m["role"] for m in state["values"]["messages"]] == ["user", "assistant"]
+
+
+async def test_a_client_that_leaves_cancels_its_run_only_when_it_asked_to(client: Any) -> None:
+    thread_id = (await client.threads.create())["thread_id"]
+    created: list[str] = []
+    parts = client.runs.stream(
+        thread_id,
+        "slow",
+        input={"messages": [{"role": "user", "content": "wait"}]},
+        stream_mode="custom",
+        on_disconnect="cancel",
+        on_run_created=lambda meta: created.append(str(meta["run_id"])),
+    )
+    async for part in parts:
+        if part.event == "custom" and part.data.get("type") == "tool_call_started":
+            break  # the client goes away mid-run
+    await parts.aclose()
+    (run_id,) = created
+
+    async def status() -> str:
+        run = await client.runs.get(thread_id, run_id)
+        return str(run["status"])
+
+    await wait_until(lambda: _is(status, "interrupted"), what="the run to be cancelled")
+    state = await client.threads.get_state(thread_id)
+    assert [m["role"] for m in state["values"]["messages"]] == ["user", "assistant"]
+
+    # A client that did not ask for it leaves a run going (the default, "continue").
+    run = await client.runs.create(
+        thread_id, "chunky", input={"messages": [{"role": "user", "content": "go"}]}
+    )
+    async for _ in client.runs.join_stream(thread_id, run["run_id"]):
+        break
+    done = await client.runs.join(thread_id, run["run_id"])
+    assert done["messages"][-1]["content"] == "".join(CHUNKS)
+
+
+async def _is(read: Any, wanted: str) -> bool:
+    return bool(await read() == wanted)
 
 
 async def test_queued_runs_of_one_thread_run_in_order(client: Any) -> None:
