@@ -589,8 +589,10 @@ async def _run_call(
 
 
 async def _start_run(
-    server: _Server, request: Request, who: str | None
+    server: _Server, request: Request, who: str | None, *, followed: bool = True
 ) -> tuple[Run, dict[str, Any]]:
+    """Start the run a request asks for; `followed`: its events may be read (a `wait`
+    only needs the end state)."""
     body = await _body(request)
     thread_id = request.path_params["thread_id"]
     record = await _thread_for_run(server, thread_id, body, who)
@@ -632,9 +634,11 @@ async def _start_run(
         "kwargs": {"stream_mode": sorted(modes)},
     }
     await server.records.put_run(run_record)
-    await server.records.touch_thread(thread_id, assistant_id=agent.name)
-    record = {**record, "assistant_id": agent.name}
-    before = dict((await server.snapshot(record)).values or {})
+    if record.get("assistant_id") != agent.name:
+        await server.records.touch_thread(thread_id, assistant_id=agent.name)
+        record = {**record, "assistant_id": agent.name}
+    # The values a `values` stream starts from (not needed by a `wait`).
+    before = dict((await server.snapshot(record)).values or {}) if followed else {}
 
     async def read_state() -> tuple[dict[str, Any], list[Any]]:
         snap = await server.snapshot(record)
@@ -696,7 +700,7 @@ async def _outcome(server: _Server, run: Run) -> Response:
 
 
 async def wait_run(server: _Server, request: Request, who: str | None) -> Response:
-    run, _ = await _start_run(server, request, who)
+    run, _ = await _start_run(server, request, who, followed=False)
     response = await _outcome(server, run)
     response.headers.update(_run_headers(run, "join"))
     return response

@@ -235,7 +235,8 @@ class Runs:
         lock = self._locks.setdefault(run.thread_id, asyncio.Lock())
         try:
             async with lock:
-                await self._set_status(run, "running")
+                # Kept in memory: the record is saved when the run is created and ends.
+                run.record.update(status="running", updated_at=now_iso())
                 emitter = _Emitter(run, before)
                 stream = call()
                 async for event in stream:
