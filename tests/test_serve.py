@@ -215,6 +215,21 @@ async def test_the_answer_streams_token_by_token_as_message_tuples(client: Any) 
     assert {p.event for p in parts} == {"metadata", "messages"}
 
 
+async def test_the_messages_mode_sends_the_answer_growing_then_complete(client: Any) -> None:
+    thread_id = (await client.threads.create())["thread_id"]
+    parts = [
+        p
+        async for p in client.runs.stream(
+            thread_id, "chunky", input={"messages": ["hi"]}, stream_mode="messages"
+        )
+    ]
+    partial = [p.data[0]["content"] for p in parts if p.event == "messages/partial"]
+    assert partial == ["".join(CHUNKS[: i + 1]) for i in range(len(CHUNKS))]
+    (complete,) = [p.data[0] for p in parts if p.event == "messages/complete"]
+    assert (complete["type"], complete["content"]) == ("ai", "".join(CHUNKS))
+    assert [p.event for p in parts].count("messages/metadata") == 1
+
+
 async def test_a_stream_joined_again_after_a_disconnect_gets_every_event_once(
     client: Any,
 ) -> None:

@@ -39,6 +39,19 @@ _TERMINAL = frozenset({"success", "error", "interrupted", "timeout"})
 ReadState = Callable[[], Awaitable[tuple[dict[str, Any], list[Any]]]]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Partial:
+    """A `messages/partial` event's data: the message with its first `upto` pieces."""
+
+    chunk: dict[str, Any]
+    pieces: list[str]
+    upto: int
+
+    def __call__(self) -> list[dict[str, Any]]:
+        text = "".join(self.pieces[: self.upto])
+        return [{**self.chunk, "type": "ai", "content": text}]
+
+
 @dataclasses.dataclass
 class Run:
     """One run: its record (the API's run object), its events, and its task."""
@@ -80,7 +93,7 @@ class Run:
                 event_id, mode, event, data = self.events[seen]
                 seen += 1
                 if mode in wanted:
-                    yield sse(event, data, str(event_id))
+                    yield sse(event, data() if isinstance(data, _Partial) else data, str(event_id))
             if self.done.is_set():
                 return
             try:
@@ -97,7 +110,10 @@ class _Emitter:
         self.run = run
         self.values = dict(values)
         self.messages: list[Any] = list(self.values.get("messages") or [])
-        self.partial: dict[str, str] = {}
+        # The pieces of each streamed message so far: a `messages/partial` event sends
+        # the text up to its piece, joined when it is sent (a copy per event would keep
+        # a long answer's text once per piece: quadratic memory).
+        self.partial: dict[str, list[str]] = {}
         self.meta = {
             "run_id": run.id,
             "thread_id": run.thread_id,
@@ -127,13 +143,12 @@ class _Emitter:
             "response_metadata": {},
         }
         run.emit("messages-tuple", "messages", [chunk, self.meta])
-        so_far = self.partial.get(event.message_id)
-        if so_far is None:
+        pieces = self.partial.get(event.message_id)
+        if pieces is None:
             run.emit("messages", "messages/metadata", {event.message_id: {"metadata": self.meta}})
-            so_far = ""
-        so_far += event.text
-        self.partial[event.message_id] = so_far
-        run.emit("messages", "messages/partial", [{**chunk, "type": "ai", "content": so_far}])
+            pieces = self.partial[event.message_id] = []
+        pieces.append(event.text)
+        run.emit("messages", "messages/partial", _Partial(chunk, pieces, len(pieces)))
 
     def _message(self, message: Mapping[str, Any]) -> None:
         run = self.run
