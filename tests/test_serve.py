@@ -558,3 +558,63 @@ async def test_the_same_client_flow_passes_against_langgraph_dev(dev_server: str
         await approval_flow(client, "support")
     finally:
         await client.aclose()
+
+
+@pytest.fixture(scope="module")
+def two_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:
+    """Two `serve` processes on one PostgreSQL."""
+    require_postgres()
+    workdir = tmp_path_factory.mktemp("two")
+    options = ("--auth", "tests.serve_agents:bearer", "--host", "127.0.0.1")
+    with serve(PG_URL, workdir, *options) as a, serve(PG_URL, workdir, *options) as b:
+        yield a, b
+
+
+async def test_two_servers_on_one_postgresql_share_threads_and_one_writer(
+    two_servers: tuple[Server, Server], alice: str, bob: str
+) -> None:
+    a, b = (_client(s.url, alice) for s in two_servers)
+    stranger = _client(two_servers[1].url, bob)
+    try:
+        thread_id = (await a.threads.create())["thread_id"]
+        out = await a.runs.wait(
+            thread_id, "support", input={"messages": [{"role": "user", "content": REFUND}]}
+        )
+        (request,) = out["__interrupt__"][0]["value"]["requests"]
+        # The approval is answered through the other server.
+        state = await b.threads.get_state(thread_id)
+        assert state["next"] == ["approval"]
+        done = await b.runs.wait(
+            thread_id,
+            "support",
+            command={"resume": {request["call_id"]: "approve"}},
+            checkpoint_id=state["checkpoint"]["checkpoint_id"],
+        )
+        assert done["messages"][-1]["content"].startswith("Done: refunded A-1")
+        assert (await a.threads.get(thread_id))["status"] == "idle"
+        from langgraph_sdk.errors import NotFoundError
+
+        with pytest.raises(NotFoundError):
+            await stranger.threads.get(thread_id)
+
+        # One writer per thread across servers: B's run waits for A's to end.
+        slow = await a.runs.create(
+            thread_id,
+            "slow",
+            input={"messages": [{"role": "user", "content": "wait"}]},
+            stream_mode=["custom"],
+        )
+        async for part in a.runs.join_stream(thread_id, slow["run_id"]):
+            if part.event == "custom" and part.data.get("type") == "tool_call_started":
+                break
+        queued = await b.runs.create(
+            thread_id, "chunky", input={"messages": [{"role": "user", "content": "next"}]}
+        )
+        await a.runs.cancel(thread_id, slow["run_id"], wait=True)
+        after = await b.runs.join(thread_id, queued["run_id"])
+        said = [m["content"] for m in after["messages"] if m["role"] == "user"]
+        assert said[-2:] == ["wait", "next"]
+        assert after["messages"][-1]["content"] == "".join(CHUNKS)
+    finally:
+        for c in (a, b, stranger):
+            await c.aclose()
