@@ -610,7 +610,12 @@ async def test_two_servers_on_one_postgresql_share_threads_and_one_writer(
         queued = await b.runs.create(
             thread_id, "chunky", input={"messages": [{"role": "user", "content": "next"}]}
         )
+        # The other server's join waits for the run to end too.
+        joined = asyncio.ensure_future(b.runs.join(thread_id, slow["run_id"]))
+        early, _ = await asyncio.wait({joined}, timeout=1)
+        assert not early, "join answered while the run was still going"
         await a.runs.cancel(thread_id, slow["run_id"], wait=True)
+        assert [m["role"] for m in (await joined)["messages"]][-2:] == ["user", "assistant"]
         after = await b.runs.join(thread_id, queued["run_id"])
         said = [m["content"] for m in after["messages"] if m["role"] == "user"]
         assert said[-2:] == ["wait", "next"]

@@ -751,11 +751,21 @@ async def cancel_run(server: _Server, request: Request, who: str | None) -> Resp
     return Response(status_code=202)
 
 
+#: How often `join` reads the record of a run that another server process runs.
+_POLL_SECS = 0.2
+
+
 async def join_run(server: _Server, request: Request, who: str | None) -> Response:
-    run, _ = await _run_of(server, request, who)
+    run, record = await _run_of(server, request, who)
     if run is not None:
         return await _outcome(server, run)
     thread = await server.owned(request.path_params["thread_id"], who)
+    # A run of another server process on the storage: its record says when it ends.
+    while not is_terminal(record.get("status")):
+        await asyncio.sleep(_POLL_SECS)
+        record = await server.records.run(thread["thread_id"], record["run_id"]) or {
+            "status": "error"
+        }
     snap = await server.snapshot(thread)
     values = dict(snap.values or {})
     if snap.interrupts:
