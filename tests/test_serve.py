@@ -623,3 +623,45 @@ async def test_two_servers_on_one_postgresql_share_threads_and_one_writer(
     finally:
         for c in (a, b, stranger):
             await c.aclose()
+
+
+async def test_a_run_on_one_server_is_followed_and_cancelled_through_the_other(
+    two_servers: tuple[Server, Server], alice: str
+) -> None:
+    a, b = (_client(s.url, alice) for s in two_servers)
+    try:
+        thread_id = (await a.threads.create())["thread_id"]
+        run = await a.runs.create(
+            thread_id,
+            "chunky",
+            input={"messages": [{"role": "user", "content": "go"}]},
+            stream_mode=["custom", "values"],
+        )
+        # Followed through B, which does not run it: every event, once, in order.
+        seen = [p async for p in b.runs.join_stream(thread_id, run["run_id"])]
+        assert seen[0].event == "metadata"
+        assert _texts(seen) == "".join(CHUNKS)
+        ids = [int(p.id) for p in seen]
+        assert ids == sorted(set(ids))
+        # ... and again from the middle, as a reconnecting client does.
+        middle = seen[len(seen) // 2].id
+        rest = [p async for p in b.runs.join_stream(thread_id, run["run_id"], last_event_id=middle)]
+        assert [p.id for p in rest] == [p.id for p in seen[len(seen) // 2 + 1 :]]
+        assert seen[-1].event == "values" and seen[-1].data["messages"][-1]["content"] == "".join(
+            CHUNKS
+        )
+
+        slow = await a.runs.create(
+            thread_id,
+            "slow",
+            input={"messages": [{"role": "user", "content": "wait"}]},
+            stream_mode=["custom"],
+        )
+        async for part in b.runs.join_stream(thread_id, slow["run_id"]):
+            if part.event == "custom" and part.data.get("type") == "tool_call_started":
+                break
+        await b.runs.cancel(thread_id, slow["run_id"], wait=True)
+        assert (await a.runs.get(thread_id, slow["run_id"]))["status"] == "interrupted"
+    finally:
+        for c in (a, b):
+            await c.aclose()

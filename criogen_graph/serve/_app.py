@@ -33,6 +33,7 @@ from criogen_graph.errors import (
     ThreadSuspendedError,
     ValidationError,
 )
+from criogen_graph.serve._events_pg import PgEvents
 from criogen_graph.serve._openapi import openapi
 from criogen_graph.serve._protocol import (
     BadRequest,
@@ -40,6 +41,7 @@ from criogen_graph.serve._protocol import (
     interrupts_json,
     now_iso,
     read_input,
+    sse,
     state_json,
     storable,
     stream_modes,
@@ -736,17 +738,33 @@ async def list_runs(server: _Server, request: Request, who: str | None) -> Respo
     return _json(runs[offset : offset + limit])
 
 
+async def _ended_remotely(server: _Server, thread_id: str, run_id: str) -> dict[str, Any]:
+    """The record of a run another server process runs, once it has ended."""
+    while True:
+        record = await server.records.run(thread_id, run_id) or {"status": "error"}
+        if is_terminal(record.get("status")):
+            return record
+        await asyncio.sleep(_POLL_SECS)
+
+
 async def cancel_run(server: _Server, request: Request, who: str | None) -> Response:
     run, record = await _run_of(server, request, who)
     action = request.query_params.get("action", "interrupt")
     if action != "interrupt":
         raise BadRequest(422, "cancel action 'rollback' is not supported: what a run saved is kept")
+    wait = request.query_params.get("wait") in ("1", "true")
+    if run is None and server.runs.events is not None and not is_terminal(record.get("status")):
+        # Run by another server process on the storage: it is told through PostgreSQL.
+        await server.runs.events.cancel(record["run_id"])
+        if wait:
+            await _ended_remotely(server, record["thread_id"], record["run_id"])
+        return Response(status_code=202)
     if run is None or run.done.is_set():
         if is_terminal(record.get("status")):
             raise BadRequest(409, f"run {record['run_id']} has ended ({record.get('status')})")
         raise BadRequest(409, f"run {record['run_id']} is not running in this server")
     run.cancel()
-    if request.query_params.get("wait") in ("1", "true"):
+    if wait:
         await asyncio.shield(run.done.wait())
     return Response(status_code=202)
 
@@ -761,11 +779,8 @@ async def join_run(server: _Server, request: Request, who: str | None) -> Respon
         return await _outcome(server, run)
     thread = await server.owned(request.path_params["thread_id"], who)
     # A run of another server process on the storage: its record says when it ends.
-    while not is_terminal(record.get("status")):
-        await asyncio.sleep(_POLL_SECS)
-        record = await server.records.run(thread["thread_id"], record["run_id"]) or {
-            "status": "error"
-        }
+    if not is_terminal(record.get("status")):
+        await _ended_remotely(server, thread["thread_id"], record["run_id"])
     snap = await server.snapshot(thread)
     values = dict(snap.values or {})
     if snap.interrupts:
@@ -779,14 +794,45 @@ async def _no_events() -> AsyncIterator[bytes]:
         yield chunk
 
 
+async def _remote_events(
+    server: _Server,
+    events: PgEvents,
+    record: Mapping[str, Any],
+    modes: frozenset[str],
+    after: int,
+) -> AsyncIterator[bytes]:
+    """The events of a run another server process runs, read from PostgreSQL."""
+    thread_id, run_id = str(record["thread_id"]), str(record["run_id"])
+
+    async def ended() -> bool:
+        now = await server.records.run(thread_id, run_id)
+        return now is None or is_terminal(now.get("status"))
+
+    wanted = modes | {"metadata", "error"}
+    async for seq, mode, event, data in events.follow(run_id, after, ended):
+        if mode in wanted:
+            yield sse(event, data, str(seq))
+
+
 async def join_stream(server: _Server, request: Request, who: str | None) -> Response:
-    run, _ = await _run_of(server, request, who)
+    run, record = await _run_of(server, request, who)
     last = request.headers.get("last-event-id") or "0"
     if not last.isdigit():
         raise BadRequest(422, "Last-Event-ID must be an event id this server sent")
     asked = [m for m in request.query_params.getlist("stream_mode") if m]
     if run is None:
-        return StreamingResponse(_no_events(), media_type="text/event-stream")
+        events = server.runs.events
+        if events is None:
+            return StreamingResponse(_no_events(), media_type="text/event-stream")
+        kept = (record.get("kwargs") or {}).get("stream_mode") or ["values"]
+        wanted = stream_modes(asked) if asked else frozenset(kept)
+        remote = _remote_events(server, events, record, wanted, int(last))
+        base = f"/threads/{quote(record['thread_id'], safe='')}/runs/{record['run_id']}"
+        return StreamingResponse(
+            remote,
+            media_type="text/event-stream",
+            headers={"Location": f"{base}/stream", "Content-Location": base},
+        )
     modes = stream_modes(asked) if asked else run.modes
     cancel = request.query_params.get("cancel_on_disconnect") in ("1", "true", "True")
     events = _watched(run, run.follow(modes, int(last)), cancel)
@@ -852,13 +898,25 @@ def build_app(
         for path, handler, methods in _ROUTES
     ]
 
+    def cancel_here(run_id: str) -> None:
+        run = server.runs.get(run_id)
+        if run is not None:
+            run.cancel()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await storage.backend()
+        events = None
+        if storage.scheme == "postgres":
+            events = PgEvents(storage, cancel_here)
+            await events.open()
+            server.runs.events = events
         try:
             yield
         finally:
             await server.runs.shutdown()
+            if events is not None:
+                await events.close()
             if owns_storage:
                 await storage.close()
 

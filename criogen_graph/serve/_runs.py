@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from criogen_graph.errors import CriogenError
+from criogen_graph.serve._events_pg import PgEvents
 from criogen_graph.serve._protocol import dumps, interrupts_json, lc_message, now_iso, sse
 from criogen_graph.serve._records import Records
 from criogen_graph.stream import (
@@ -64,6 +65,8 @@ class Run:
     task: asyncio.Task[None] | None = None
     values: dict[str, Any] | None = None
     error: BaseException | None = None
+    #: Where its events also go for other server processes (PostgreSQL), if anywhere.
+    publish: Callable[[str, int, str, str, Any], None] | None = None
 
     @property
     def id(self) -> str:
@@ -74,7 +77,10 @@ class Run:
         return str(self.record["thread_id"])
 
     def emit(self, mode: str, event: str, data: Any) -> None:
-        self.events.append((len(self.events) + 1, mode, event, data))
+        seq = len(self.events) + 1
+        self.events.append((seq, mode, event, data))
+        if self.publish is not None:
+            self.publish(self.id, seq, mode, event, data() if isinstance(data, _Partial) else data)
         self.wake.set()
         self.wake = asyncio.Event()
 
@@ -207,6 +213,8 @@ class Runs:
 
     def __init__(self, records: Records) -> None:
         self.records = records
+        #: The PostgreSQL event channel, when the storage is PostgreSQL (see `PgEvents`).
+        self.events: PgEvents | None = None
         self._runs: OrderedDict[str, Run] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -229,6 +237,8 @@ class Runs:
     ) -> Run:
         """Queue `call` (a `Thread` stream call) as a run of its thread."""
         run = Run(record, modes)
+        if self.events is not None:
+            run.publish = self.events.publish
         self._runs[run.id] = run
         self._forget_old()
         run.emit("metadata", "metadata", {"run_id": run.id, "attempt": 1})
@@ -259,7 +269,7 @@ class Runs:
                 await stream.reply()
                 values, interrupts = await read_state()
                 run.values = emitter.finish(values, interrupts)
-            await self._set_status(run, "success")
+            await self._ended(run, "success")
         except asyncio.CancelledError as exc:
             run.error = exc
             await self._ended(run, "interrupted")
@@ -284,6 +294,11 @@ class Runs:
                 del self._locks[run.thread_id]
 
     async def _ended(self, run: Run, status: str) -> None:
+        """Save the run's end: its events first (a follower in another process stops
+        when it reads an ended run, so every event must be there by then)."""
+        with contextlib.suppress(Exception):
+            if self.events is not None:
+                await asyncio.shield(self.events.flushed())
         with contextlib.suppress(Exception):
             await asyncio.shield(self._set_status(run, status))
 
