@@ -665,3 +665,37 @@ async def test_a_run_on_one_server_is_followed_and_cancelled_through_the_other(
     finally:
         for c in (a, b):
             await c.aclose()
+
+
+async def test_run_events_in_postgresql_are_sealed_and_go_with_their_thread(
+    pg_schema_url: str,
+) -> None:
+    """What `serve` keeps of a run's events on PostgreSQL is encrypted with the storage's
+    key (no answer in clear in the table) and deleted with the thread."""
+    import psycopg
+
+    from criogen_graph.serve import create_app
+    from tests.serve_agents import chunky
+
+    storage = Storage(pg_schema_url, encryption_key="k" * 32)
+    app = create_app([chunky], storage=storage)
+    secret = "".join(CHUNKS)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://app") as http,
+    ):
+        await http.post("/threads", json={"thread_id": "sealed"})
+        body = {"assistant_id": "chunky", "input": {"messages": ["hi"]}}
+        run = (await http.post("/threads/sealed/runs", json=body)).json()
+        joined = await http.get(f"/threads/sealed/runs/{run['run_id']}/join")
+        assert joined.json()["messages"][-1]["content"] == secret
+        with psycopg.connect(pg_schema_url) as conn:
+            rows = conn.execute("SELECT kind, data FROM criogen_serve_events").fetchall()
+        assert rows and all("aes" in kind for kind, _ in rows)
+        assert not any(b"part 1; " in bytes(data) for _, data in rows)
+        assert (await http.delete("/threads/sealed")).status_code == 204
+        with psycopg.connect(pg_schema_url) as conn:
+            left = conn.execute("SELECT count(*) FROM criogen_serve_events").fetchone()
+        assert left == (0,)
+    await storage.close()

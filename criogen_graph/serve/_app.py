@@ -426,6 +426,10 @@ async def delete_thread(server: _Server, request: Request, who: str | None) -> R
     if server.runs.busy(thread_id):
         raise BadRequest(409, f"thread {thread_id!r} has a run in progress; cancel it first")
     await server.thread_agent(record).thread(thread_id, actor=who).delete()
+    if server.runs.events is not None:
+        # The runs' events hold the conversation too: they go with the thread.
+        run_ids = [str(r["run_id"]) for r in await server.records.runs(thread_id)]
+        await server.runs.events.forget(run_ids)
     await server.records.delete_thread(thread_id)
     return Response(status_code=204)
 

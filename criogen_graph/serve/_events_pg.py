@@ -142,6 +142,11 @@ class PgEvents:
             if not marker.done():
                 marker.set_result(None)
 
+    async def forget(self, run_ids: list[str]) -> None:
+        """Delete the events of these runs (their thread was deleted)."""
+        await self.flushed()
+        await self._writer.execute(f"DELETE FROM {_TABLE} WHERE run_id = ANY(%s)", (run_ids,))
+
     async def cancel(self, run_id: str) -> None:
         """Ask whichever server process runs `run_id` to cancel it."""
         await self._writer.execute("SELECT pg_notify(%s, %s)", (_CANCEL_CHANNEL, run_id))
