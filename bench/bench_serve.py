@@ -56,6 +56,15 @@ agent = Agent(FunctionModel(_script, name="script"), tools=[echo], name="bench")
 graph = agent.graph
 
 
+async def _stamp(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+    # Time for the follower to connect first; then the answer is the moment it is written.
+    await asyncio.sleep(0.3)
+    return repr(time.time())
+
+
+stamp = Agent(FunctionModel(_stamp, name="stamp"), name="stamp")
+
+
 def _pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
@@ -113,6 +122,7 @@ def _process(args: list[str], cwd: Path, port: int) -> Iterator[str]:
 def serve(storage: str) -> Iterator[str]:
     port = _free_port()
     args = [sys.executable, "-m", "criogen_graph", "serve", "--agent", "bench/bench_serve.py:agent"]
+    args += ["--agent", "bench/bench_serve.py:stamp"]
     with _process([*args, "--storage", storage, "--port", str(port)], ROOT, port) as url:
         yield url
 
@@ -199,14 +209,48 @@ async def concurrent(url: str, runs: int, clients: int) -> dict[str, float]:
     }
 
 
+async def first_token(runs: int) -> dict[str, float]:
+    """Seconds from the model writing its answer in server A's process to a client
+    following the run through server B (PostgreSQL events + NOTIFY) reading it."""
+    latencies: list[float] = []
+    with serve(PG_URL) as a_url, serve(PG_URL) as b_url:
+        async with (
+            httpx.AsyncClient(base_url=a_url, timeout=60) as a,
+            httpx.AsyncClient(base_url=b_url, timeout=60) as b,
+        ):
+            for _ in range(runs):
+                thread = (await a.post("/threads", json={})).json()["thread_id"]
+                body = {
+                    "assistant_id": "stamp",
+                    "input": {"messages": ["go"]},
+                    "stream_mode": ["custom"],
+                }
+                run = (await a.post(f"/threads/{thread}/runs", json=body)).json()
+                path = f"/threads/{thread}/runs/{run['run_id']}/stream"
+                async with b.stream("GET", path) as events:
+                    async for line in events.aiter_lines():
+                        if line.startswith("data:") and '"type":"text"' in line:
+                            seen = time.time()
+                            data = json.loads(line[5:])
+                            latencies.append((seen - float(data["text"])) * 1000)
+                            break
+    return {"p50_ms": _pct(latencies, 50), "p99_ms": _pct(latencies, 99)}
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--no-dev", action="store_true", help="skip langgraph dev")
     parser.add_argument("--no-pg", action="store_true", help="skip PostgreSQL")
+    parser.add_argument("--only-first-token", action="store_true")
     args = parser.parse_args()
     results: dict[str, Any] = {}
+    if not args.no_pg:
+        results["first_token_across_servers"] = await first_token(min(args.runs, 100))
+        print("first token across servers", results["first_token_across_servers"], flush=True)
+    if args.only_first_token:
+        return
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         sqlite = f"sqlite:///{work / 'bench.db'}"

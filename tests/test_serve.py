@@ -651,6 +651,13 @@ async def test_a_run_on_one_server_is_followed_and_cancelled_through_the_other(
             CHUNKS
         )
 
+        # Clients that leave B mid-stream leave it able to serve the next one.
+        for _ in range(5):
+            async for part in b.runs.join_stream(thread_id, run["run_id"]):
+                if part.event == "custom":
+                    break
+        again = [p async for p in b.runs.join_stream(thread_id, run["run_id"])]
+        assert [p.id for p in again] == [p.id for p in seen]
         slow = await a.runs.create(
             thread_id,
             "slow",

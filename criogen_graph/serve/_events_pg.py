@@ -48,6 +48,7 @@ class PgEvents:
         self._writer: Any = None
         self._reader: Any = None
         self._read_lock = asyncio.Lock()
+        self._write_lock = asyncio.Lock()
         self._listener: Any = None
         self._listen_task: asyncio.Task[None] | None = None
         self._queue: asyncio.Queue[tuple[str, int, str, str, Any] | None] = asyncio.Queue()
@@ -129,6 +130,18 @@ class PgEvents:
                 continue
             kind, sealed = self._seal(data)
             rows.append((run_id, seq, mode, event, kind, sealed))
+        try:
+            if rows:
+                async with self._write_lock:
+                    self._writer = await self._connection(self._writer)
+                    await self._insert(rows)
+        finally:
+            # Whoever waits for a flush is let go even if the write failed (logged).
+            for marker in markers:
+                if not marker.done():
+                    marker.set_result(None)
+
+    async def _insert(self, rows: list[tuple[str, int, str, str, str, bytes]]) -> None:
         if rows:
             async with self._writer.transaction(), self._writer.cursor() as cur:
                 await cur.executemany(
@@ -138,18 +151,26 @@ class PgEvents:
                 )
                 for run_id in dict.fromkeys(r[0] for r in rows):
                     await cur.execute("SELECT pg_notify(%s, %s)", (_EVENTS_CHANNEL, run_id))
-        for marker in markers:
-            if not marker.done():
-                marker.set_result(None)
 
     async def forget(self, run_ids: list[str]) -> None:
         """Delete the events of these runs (their thread was deleted)."""
         await self.flushed()
-        await self._writer.execute(f"DELETE FROM {_TABLE} WHERE run_id = ANY(%s)", (run_ids,))
+        await self._shielded(f"DELETE FROM {_TABLE} WHERE run_id = ANY(%s)", (run_ids,))
 
     async def cancel(self, run_id: str) -> None:
         """Ask whichever server process runs `run_id` to cancel it."""
-        await self._writer.execute("SELECT pg_notify(%s, %s)", (_CANCEL_CHANNEL, run_id))
+        await self._shielded("SELECT pg_notify(%s, %s)", (_CANCEL_CHANNEL, run_id))
+
+    async def _shielded(self, statement: str, params: tuple[Any, ...]) -> None:
+        """A statement on the writer's connection that a request's cancellation cannot
+        cut (psycopg closes a connection whose query is cancelled)."""
+
+        async def run() -> None:
+            async with self._write_lock:
+                self._writer = await self._connection(self._writer)
+                await self._writer.execute(statement, params)
+
+        await asyncio.shield(asyncio.ensure_future(run()))
 
     # -- reading -------------------------------------------------------------------------
 
@@ -171,7 +192,20 @@ class PgEvents:
                 return
 
     async def rows(self, run_id: str, after: int) -> list[tuple[int, str, str, Any]]:
+        """The events of `run_id` after `after` (a client leaving while they are read
+        does not cut the query: psycopg would close the shared connection)."""
+        return await asyncio.shield(asyncio.ensure_future(self._rows(run_id, after)))
+
+    async def _connection(self, conn: Any) -> Any:
+        if conn is not None and not conn.closed:
+            return conn
+        import psycopg
+
+        return await psycopg.AsyncConnection.connect(self.storage.url, autocommit=True)
+
+    async def _rows(self, run_id: str, after: int) -> list[tuple[int, str, str, Any]]:
         async with self._read_lock:
+            self._reader = await self._connection(self._reader)
             cur = await self._reader.execute(
                 f"SELECT seq, mode, event, kind, data FROM {_TABLE} "
                 "WHERE run_id = %s AND seq > %s ORDER BY seq",
