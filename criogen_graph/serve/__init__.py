@@ -40,7 +40,9 @@ def create_app(
     `storage` (a `Storage` or URL) keeps every agent's threads; without it the agents'
     own storage, which must then be one. A URL given here is opened and closed with the
     application; a `Storage` stays the caller's to close. Runs execute in this process,
-    one at a time per thread.
+    one at a time per thread. On PostgreSQL every event of a run is also saved (sealed
+    with the storage's key) and announced with NOTIFY, so any number of applications on
+    the database serve each other's runs (`join`, `join_stream`, `cancel`).
 
     `auth`: a callable (sync or async) taking the request headers and returning the
     caller's identity (a non-empty str); returning None or raising refuses the request
