@@ -14,6 +14,7 @@ from criogen_graph._cli.chat import cmd_chat
 from criogen_graph._cli.common import DEFAULT_STORAGE, MODEL_ENV, STORAGE_ENV
 from criogen_graph._cli.demo import cmd_demo
 from criogen_graph._cli.loading import model_choice
+from criogen_graph._cli.serve import cmd_serve
 from criogen_graph._cli.threads import Decisions, cmd_threads, parse_decisions
 from criogen_graph._version import __version__
 
@@ -268,6 +269,42 @@ _WORKER_OPTIONS = (
 )
 
 
+_SERVE_OPTIONS = (
+    _opt(
+        "--agent",
+        metavar="MODULE:ATTR",
+        action="append",
+        required=True,
+        help="an importable Agent to serve (repeat for several; assistant id = its name)",
+    ),
+    _storage(f"where the threads are kept (default: ${STORAGE_ENV}, else {DEFAULT_STORAGE})"),
+    _opt(
+        "--host",
+        help="the interface to listen on (default 127.0.0.1 without --auth, else 0.0.0.0)",
+    ),
+    _opt("--port", type=_positive_int, default=2024, help="the port (default 2024)"),
+    _opt(
+        "--auth",
+        type=_module_attr,
+        metavar="MODULE:CALLABLE",
+        help="request headers -> the caller's identity (None or raising refuses)",
+    ),
+    _opt(
+        "--cors",
+        metavar="ORIGIN",
+        action="append",
+        help="an origin browsers may call from (repeat for several)",
+    ),
+)
+
+_SERVE_DESCRIPTION = """\
+Serve agents over HTTP with the API LangGraph's clients speak (langgraph_sdk,
+@langchain/langgraph-sdk and its React useStream, LangGraph Studio): assistants, threads,
+state, history and runs (wait, stream over SSE, join, cancel). Every run is a thread call
+of the agent, on the storage given. Without --auth it listens on 127.0.0.1 only.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `criogen-graph` argument parser."""
     common = _options_parser([_debug(_DEBUG_HELP)])
@@ -286,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(sub, common)
     _add_worker(sub, common)
     _add_runs(sub, common)
+    _add_serve(sub, common)
     return parser
 
 
@@ -500,6 +538,19 @@ def _add_worker(sub: Any, common: argparse.ArgumentParser) -> None:
         description=_WORKER_DESCRIPTION,
         epilog="example:\n  criogen-graph worker --agent support:agent "
         "--storage postgresql://app@db/app --concurrency 8",
+    )
+
+
+def _add_serve(sub: Any, common: argparse.ArgumentParser) -> None:
+    _command(
+        sub,
+        "serve",
+        common,
+        _SERVE_OPTIONS,
+        cmd_serve,
+        help="serve agents over HTTP (the LangGraph Platform API)",
+        description=_SERVE_DESCRIPTION,
+        epilog="example:\n  criogen-graph serve --agent support:agent --storage sqlite:///support.db",
     )
 
 

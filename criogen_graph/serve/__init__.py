@@ -1,0 +1,89 @@
+"""Serving agents over HTTP the way LangGraph's clients expect (extra `server`).
+
+`create_app(agents, storage=...)` returns an ASGI application (Starlette) that speaks the
+subset of the LangGraph Platform HTTP API that `langgraph_sdk`, `@langchain/langgraph-sdk`
+and its React `useStream` hook use: assistants (one per agent, id = the agent's name),
+threads, their state and history, and runs (background, `wait`, `stream` over SSE with
+the `values`, `updates`, `messages-tuple`, `messages` and `custom` modes, `join`,
+`join_stream` with `Last-Event-ID`, `cancel`). Every run is a `Thread` call, so the
+thread's lock, pinned answers, audit, redaction and encryption hold for requests as for
+`thread.send`. `criogen-graph serve` runs it with uvicorn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from criogen_graph.errors import ValidationError
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+    from criogen_graph.agent import Agent
+    from criogen_graph.serve._app import Auth
+    from criogen_graph.storage import Storage
+
+__all__ = ["create_app"]
+
+
+def create_app(
+    agents: Agent[Any] | Sequence[Agent[Any]],
+    *,
+    storage: Storage | str | None = None,
+    auth: Auth | None = None,
+    cors: str | Sequence[str] | None = None,
+) -> Starlette:
+    """An ASGI application serving `agents` (mount it in your Starlette or FastAPI app,
+    or run it with uvicorn).
+
+    `storage` (a `Storage` or URL) keeps every agent's threads; without it the agents'
+    own storage, which must then be one. A URL given here is opened and closed with the
+    application; a `Storage` stays the caller's to close. Runs execute in this process,
+    one at a time per thread. On PostgreSQL every event of a run is also saved (sealed
+    with the storage's key) and announced with NOTIFY, so any number of applications on
+    the database serve each other's runs (`join`, `join_stream`, `cancel`).
+
+    `auth`: a callable (sync or async) taking the request headers and returning the
+    caller's identity (a non-empty str); returning None or raising refuses the request
+    (401). Each thread belongs to the identity that created it: any other identity gets
+    404 on it, in every endpoint; the identity is the audit actor of the runs it starts.
+    Without `auth` every caller may use every thread (bind to loopback).
+
+    `cors`: origins allowed to call from a browser (e.g. "http://localhost:5173").
+
+    Raises `ValidationError` for no agents, two agents with one name, or agents on
+    different storages without `storage=`; `TypeError` for a non-Agent.
+    """
+    from criogen_graph.agent import Agent
+    from criogen_graph.serve._app import build_app
+    from criogen_graph.storage import Storage
+
+    listed = [agents] if isinstance(agents, Agent) else list(agents)
+    if not listed:
+        raise ValidationError("create_app needs at least one agent", code="invalid_value")
+    for agent in listed:
+        if not isinstance(agent, Agent):
+            raise TypeError(f"create_app serves Agents, got {type(agent).__name__}")
+    names = [a.name for a in listed]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValidationError(
+            f"two agents are named {twice[0]!r}: give each a name (Agent(..., name=...))",
+            code="invalid_value",
+        )
+    owns = isinstance(storage, str)
+    if storage is None:
+        kept = {id(a.storage): a.storage for a in listed}
+        if len(kept) > 1:
+            raise ValidationError(
+                "the agents keep their threads in different storages: pass storage=",
+                code="invalid_value",
+            )
+        store = listed[0].storage
+    else:
+        store = Storage(storage) if isinstance(storage, str) else storage
+    served = [a.with_storage(store) for a in listed]
+    if isinstance(cors, str):
+        cors = [cors]
+    return build_app(served, store, auth=auth, cors=list(cors or ()), owns_storage=owns)

@@ -1,0 +1,245 @@
+"""Run events shared by every `serve` process on one PostgreSQL: each event of a run is
+saved in a table of the storage's database (sealed with the storage's encryption key
+when it has one) and announced with NOTIFY, so a client of any server process can follow
+a run another process executes, in order and without gaps, and cancel it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from criogen_graph.serve._protocol import dumps
+from criogen_graph.storage import Storage
+
+__all__ = ["PgEvents"]
+
+_log = logging.getLogger("criogen_graph.serve")
+
+_TABLE = "criogen_serve_events"
+_EVENTS_CHANNEL = "criogen_serve_events"
+_CANCEL_CHANNEL = "criogen_serve_cancel"
+#: Seconds a follower waits for a NOTIFY before it reads the table anyway (a missed
+#: notification costs at most this much latency, never an event).
+_POLL_SECS = 1.0
+_SETUP = f"""
+CREATE TABLE IF NOT EXISTS {_TABLE} (
+    run_id text NOT NULL,
+    seq integer NOT NULL,
+    mode text NOT NULL,
+    event text NOT NULL,
+    kind text NOT NULL,
+    data bytea NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (run_id, seq)
+)
+"""
+
+
+class PgEvents:
+    """The event table and the notifications of one PostgreSQL storage."""
+
+    def __init__(self, storage: Storage, on_cancel: Callable[[str], None]) -> None:
+        self.storage = storage
+        self.on_cancel = on_cancel
+        self._writer: Any = None
+        self._reader: Any = None
+        self._read_lock = asyncio.Lock()
+        self._write_lock = asyncio.Lock()
+        self._listener: Any = None
+        self._listen_task: asyncio.Task[None] | None = None
+        self._queue: asyncio.Queue[tuple[str, int, str, str, Any] | None] = asyncio.Queue()
+        self._write_task: asyncio.Task[None] | None = None
+        self._waiters: dict[str, asyncio.Event] = {}
+
+    async def open(self) -> None:
+        import psycopg
+
+        self._writer = await psycopg.AsyncConnection.connect(self.storage.url, autocommit=True)
+        async with self._writer.transaction():
+            # Concurrent first starts: one creates the table, the others wait for it.
+            await self._writer.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_TABLE,))
+            await self._writer.execute(_SETUP)
+        self._reader = await psycopg.AsyncConnection.connect(self.storage.url, autocommit=True)
+        self._listener = await psycopg.AsyncConnection.connect(self.storage.url, autocommit=True)
+        await self._listener.execute(f"LISTEN {_EVENTS_CHANNEL}")
+        await self._listener.execute(f"LISTEN {_CANCEL_CHANNEL}")
+        self._listen_task = asyncio.ensure_future(self._listen())
+        self._write_task = asyncio.ensure_future(self._write())
+
+    async def close(self) -> None:
+        self._queue.put_nowait(None)
+        if self._write_task is not None:
+            with contextlib.suppress(BaseException):
+                await self._write_task
+        if self._listen_task is not None:
+            self._listen_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._listen_task
+        for conn in (self._listener, self._reader, self._writer):
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+
+    # -- writing -------------------------------------------------------------------------
+
+    def publish(self, run_id: str, seq: int, mode: str, event: str, data: Any) -> None:
+        """Queue one event for the table (written in order by one task, so running the
+        graph never waits for the database)."""
+        self._queue.put_nowait((run_id, seq, mode, event, data))
+
+    async def flushed(self) -> None:
+        """Wait until every event queued so far is in the table."""
+        done = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(("", 0, "", "", done))
+        await asyncio.shield(done)
+
+    def _seal(self, data: Any) -> tuple[str, bytes]:
+        serde = self.storage.serializer
+        if serde is None:
+            return "json", dumps(data).encode("utf-8")
+        kind, sealed = serde.dumps_typed(json.loads(dumps(data)))
+        return kind, sealed
+
+    async def _write(self) -> None:
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            while not self._queue.empty() and len(batch) < 500:
+                more = self._queue.get_nowait()
+                if more is None:
+                    self._queue.put_nowait(None)
+                    break
+                batch.append(more)
+            try:
+                await self._write_batch(batch)
+            except Exception:
+                _log.exception("could not save %d run events", len(batch))
+
+    async def _write_batch(self, batch: list[tuple[str, int, str, str, Any]]) -> None:
+        rows = []
+        markers = []
+        for run_id, seq, mode, event, data in batch:
+            if not run_id:
+                markers.append(data)
+                continue
+            kind, sealed = self._seal(data)
+            rows.append((run_id, seq, mode, event, kind, sealed))
+        try:
+            if rows:
+                async with self._write_lock:
+                    self._writer = await self._connection(self._writer)
+                    await self._insert(rows)
+        finally:
+            # Whoever waits for a flush is let go even if the write failed (logged).
+            for marker in markers:
+                if not marker.done():
+                    marker.set_result(None)
+
+    async def _insert(self, rows: list[tuple[str, int, str, str, str, bytes]]) -> None:
+        if rows:
+            async with self._writer.transaction(), self._writer.cursor() as cur:
+                await cur.executemany(
+                    f"INSERT INTO {_TABLE} (run_id, seq, mode, event, kind, data) "
+                    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    rows,
+                )
+                for run_id in dict.fromkeys(r[0] for r in rows):
+                    await cur.execute("SELECT pg_notify(%s, %s)", (_EVENTS_CHANNEL, run_id))
+
+    async def forget(self, run_ids: list[str]) -> None:
+        """Delete the events of these runs (their thread was deleted)."""
+        await self.flushed()
+        await self._shielded(f"DELETE FROM {_TABLE} WHERE run_id = ANY(%s)", (run_ids,))
+
+    async def cancel(self, run_id: str) -> None:
+        """Ask whichever server process runs `run_id` to cancel it."""
+        await self._shielded("SELECT pg_notify(%s, %s)", (_CANCEL_CHANNEL, run_id))
+
+    async def _shielded(self, statement: str, params: tuple[Any, ...]) -> None:
+        """A statement on the writer's connection that a request's cancellation cannot
+        cut (psycopg closes a connection whose query is cancelled)."""
+
+        async def run() -> None:
+            async with self._write_lock:
+                self._writer = await self._connection(self._writer)
+                await self._writer.execute(statement, params)
+
+        await asyncio.shield(asyncio.ensure_future(run()))
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async for note in self._listener.notifies():
+                    if note.channel == _CANCEL_CHANNEL:
+                        self.on_cancel(note.payload)
+                    else:
+                        waiter = self._waiters.get(note.payload)
+                        if waiter is not None:
+                            waiter.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # Followers still poll the table: a lost listener only adds latency.
+                _log.warning("run event notifications stopped: %s", exc)
+                return
+
+    async def rows(self, run_id: str, after: int) -> list[tuple[int, str, str, Any]]:
+        """The events of `run_id` after `after` (a client leaving while they are read
+        does not cut the query: psycopg would close the shared connection)."""
+        return await asyncio.shield(asyncio.ensure_future(self._rows(run_id, after)))
+
+    async def _connection(self, conn: Any) -> Any:
+        if conn is not None and not conn.closed:
+            return conn
+        import psycopg
+
+        return await psycopg.AsyncConnection.connect(self.storage.url, autocommit=True)
+
+    async def _rows(self, run_id: str, after: int) -> list[tuple[int, str, str, Any]]:
+        async with self._read_lock:
+            self._reader = await self._connection(self._reader)
+            cur = await self._reader.execute(
+                f"SELECT seq, mode, event, kind, data FROM {_TABLE} "
+                "WHERE run_id = %s AND seq > %s ORDER BY seq",
+                (run_id, after),
+            )
+            found = await cur.fetchall()
+        serde = self.storage.serializer
+        out = []
+        for seq, mode, event, kind, data in found:
+            raw = bytes(data)
+            if kind == "json" or serde is None:
+                value = json.loads(raw)
+            else:
+                value = serde.loads_typed((kind, raw))
+            out.append((int(seq), str(mode), str(event), value))
+        return out
+
+    async def follow(
+        self, run_id: str, after: int, ended: Callable[[], Any]
+    ) -> AsyncIterator[tuple[int, str, str, Any]]:
+        """The events of `run_id` after `after`, in order, until the run has ended
+        (`ended()`, awaited, says so) and every event of it was read."""
+        waiter = self._waiters.setdefault(run_id, asyncio.Event())
+        try:
+            while True:
+                waiter.clear()
+                over = bool(await ended())
+                for row in await self.rows(run_id, after):
+                    after = row[0]
+                    yield row
+                if over:
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waiter.wait(), _POLL_SECS)
+        finally:
+            if self._waiters.get(run_id) is waiter:
+                del self._waiters[run_id]
