@@ -33,6 +33,9 @@ SLOW = (
     "tests/test_examples.py",
     "tests/test_studio.py",
     "tests/test_background_cli.py",
+    "tests/test_serve.py",
+    "tests/test_serve_js.py",
+    "tests/test_serve_fuzz.py",
 )
 
 
