@@ -119,3 +119,13 @@ def make_approver(storage: Storage | str = "memory://") -> Agent[Any]:
 
 agent = make_agent()
 approver = make_approver()
+
+
+def _keyed() -> Agent[Any] | None:
+    """The agent on an encrypted storage at $CRIOGEN_BG_KEYED_URL (key "bg-key"), for
+    the CLI worker to take the key from."""
+    url = os.environ.get("CRIOGEN_BG_KEYED_URL")
+    return make_agent(Storage(url, encryption_key="bg-key")) if url else None
+
+
+keyed_agent = _keyed()
