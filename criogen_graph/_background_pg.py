@@ -70,7 +70,10 @@ _COLUMNS = """id, job_id, thread_id, agent, action, status, attempts, worker, er
     (extract(epoch FROM submitted_at) * 1000)::bigint AS submitted_at_ms,
     (extract(epoch FROM started_at) * 1000)::bigint AS started_at_ms,
     (extract(epoch FROM first_started_at) * 1000)::bigint AS first_started_at_ms,
-    (extract(epoch FROM finished_at) * 1000)::bigint AS finished_at_ms"""
+    (extract(epoch FROM finished_at) * 1000)::bigint AS finished_at_ms,
+    CASE WHEN status = 'running' THEN (SELECT (extract(epoch FROM now() - w.last_heartbeat)
+        * 1000)::bigint FROM procrastinate_jobs j JOIN procrastinate_workers w
+        ON w.id = j.worker_id WHERE j.id = criogen_runs.job_id) END AS heartbeat_age_ms"""
 
 
 def _missing_extra() -> StorageError:

@@ -83,6 +83,9 @@ class RunInfo:
     `worker` is the last one (`host:pid`). A failed run has `error_code`, `error_type`
     and `error`. A run that ended has `run_id` and `checkpoint_id` (read the `Reply`
     with `handle.reply()`); `needs_approval` says it stopped for an approval.
+    `heartbeat_age_ms`: for a running run on PostgreSQL, how long ago its worker last
+    sent a heartbeat (past the workers' `stalled_after_secs`, it is taken for dead once
+    it no longer holds the thread's lock); None otherwise.
     """
 
     id: str
@@ -104,6 +107,7 @@ class RunInfo:
     started_at_ms: int | None = None
     first_started_at_ms: int | None = None
     finished_at_ms: int | None = None
+    heartbeat_age_ms: int | None = None
 
     @property
     def done(self) -> bool:

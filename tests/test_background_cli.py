@@ -36,6 +36,20 @@ def test_runs_command_lists_shows_and_cancels(
     listed: list[dict[str, Any]] = json.loads(capsys.readouterr().out)
     assert {r["id"] for r in listed} == {first, second}
     assert all(r["status"] == "queued" for r in listed)
+    assert main(["runs", "list", "--storage", cli_url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == [
+        "RUN",
+        "STATUS",
+        "ACTION",
+        "THREAD",
+        "ATTEMPTS",
+        "WORKER",
+        "HEARTBEAT",
+        "ERROR",
+    ]
+    assert {line.split()[0] for line in lines[1:]} == {first, second}
+    assert all(line.split()[1:4] == ["queued", "send", "cli"] for line in lines[1:])
     assert main(["runs", "show", first, "--storage", cli_url]) == 0
     out = capsys.readouterr().out
     assert "status: queued" in out and "thread_id: cli" in out

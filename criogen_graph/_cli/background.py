@@ -129,13 +129,29 @@ async def _list_runs(args: argparse.Namespace, storage: Storage) -> int:
         return EXIT_OK
     if not infos:
         print("no background runs")
+        return EXIT_OK
+    id_w = max(3, *(len(i.id) for i in infos))
+    thread_w = max(6, *(len(i.thread_id) for i in infos))
+    worker_w = max(6, *(len(i.worker or "-") for i in infos))
+    print(
+        f"{'RUN':<{id_w}}  {'STATUS':<9}  {'ACTION':<7}  {'THREAD':<{thread_w}}  ATTEMPTS  "
+        f"{'WORKER':<{worker_w}}  HEARTBEAT  ERROR"
+    )
     for i in infos:
-        error = f"  {i.error_code}: {i.error}" if i.error else ""
+        error = f"{i.error_code}: {i.error}" if i.error else ""
         print(
-            f"{i.id}  {i.status:<9}  {i.action:<7}  thread={i.thread_id}  "
-            f"attempts={i.attempts}  worker={i.worker or '-'}{error}"
+            f"{i.id:<{id_w}}  {i.status:<9}  {i.action:<7}  {i.thread_id:<{thread_w}}  "
+            f"{i.attempts:>8}  {i.worker or '-':<{worker_w}}  {_age(i.heartbeat_age_ms):>9}  "
+            f"{error}".rstrip()
         )
     return EXIT_OK
+
+
+def _age(ms: int | None) -> str:
+    """A heartbeat's age (`-` when the run is not running on a worker)."""
+    if ms is None:
+        return "-"
+    return f"{ms / 1000:.1f}s ago"
 
 
 async def _one_run(args: argparse.Namespace, storage: Storage) -> int:

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 __all__ = [
     "DEFAULT_STORAGE",
     "ENCRYPTION_KEY_ENV",
+    "EXIT_BROKEN_PIPE",
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
@@ -31,6 +32,8 @@ MODEL_ENV = "CRIOGEN_MODEL"
 ENCRYPTION_KEY_ENV = "CRIOGEN_ENCRYPTION_KEY"
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+#: The reader of the output went away: 128 + SIGPIPE, as a shell reports such a tool.
+EXIT_BROKEN_PIPE = 141
 
 
 class CliError(Exception):

@@ -157,6 +157,11 @@ async def test_a_worker_paused_past_stalled_after_keeps_its_run(
         # Silent three times as long as it takes to be taken for dead: the other
         # worker's sweep (every heartbeat) has seen it many times.
         await _until(lambda: _silent_for(workers, float(STALLED_AFTER) * 3), workers)
+        # The operator sees how long the run's worker has been silent.
+        seen = await handle.status()
+        assert seen.status == "running"
+        assert seen.heartbeat_age_ms is not None
+        assert seen.heartbeat_age_ms >= float(STALLED_AFTER) * 3000
     finally:
         (workers.workdir / "release").touch()
         victim.send_signal(signal.SIGCONT)
@@ -245,4 +250,6 @@ async def test_a_job_taken_over_after_an_interactive_send_is_not_applied_twice(
     counts = Counter(e[0] for e in _entries(workers, thread.id))
     assert counts["fast"] == 1, counts
     assert counts["nap"] == 1, counts
+    # The survivor names the run and its thread, as users know them.
+    assert f"run {handle.id} of thread {thread.id!r}" in workers.logs()
     workers.start()
