@@ -61,8 +61,13 @@ _PAYLOAD_VERSION = 1
 
 
 class RunFailedError(CriogenError):
-    """A background run did not succeed: `code` says why (`run_failed` with `error_type`
-    naming the run's own error, `unknown_agent`, `bad_payload`, `cancelled`)."""
+    """A background run did not succeed: `code` says why. `cancelled`; `run_failed` (the
+    run's own error, named by `error_type`); the code of a `CriogenError` the run
+    raised, e.g. `stale` (a pinned answer to a request no longer pending),
+    `not_suspended`, `thread_suspended` (a send while an approval is pending),
+    `nothing_to_retry`, `lock_lost` and `unreachable` (PostgreSQL, after a dozen tries to
+    continue); `bad_payload` (the job's payload cannot be read or decrypted);
+    `unknown_agent` (no worker serves the run's agent)."""
 
     code = "run_failed"
 

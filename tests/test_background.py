@@ -369,3 +369,41 @@ async def test_a_pinned_answer_applied_before_a_takeover_is_not_applied_again(
     again = await background.execute(agent, payload, resumed=True)
     assert again.text == "Done."
     assert ran == ["A-1"]
+
+
+async def test_every_code_a_handle_raises_is_documented(storage: Storage) -> None:
+    """The codes met here and in the PostgreSQL tests (`bad_payload`, `unknown_agent`,
+    `lock_lost`) are each a row of the table in docs/concepts/scaling.md."""
+
+    @tool
+    async def refund(order_id: str) -> str:
+        """Refund."""
+        return "refunded"
+
+    agent = Agent(
+        FakeModel([FakeReply.tool_call("refund", {"order_id": "A-1"}), "Done."]),
+        tools=[refund],
+        approve=["refund"],
+        storage=storage,
+    )
+    thread = agent.thread("codes")
+    asked = await (await thread.submit("refund A-1")).reply()
+    assert asked.needs_approval
+    seen = set()
+    for handle in (
+        await thread.submit("again"),  # an approval is pending
+        await thread.submit_approve(expected=asked.version + 5),
+    ):
+        with pytest.raises(RunFailedError) as exc:
+            await handle.reply()
+        seen.add(exc.value.code)
+    await (await thread.submit_approve()).reply()
+    with pytest.raises(RunFailedError) as exc:
+        await (await thread.submit_retry()).reply()
+    seen.add(exc.value.code)
+    assert seen == {"thread_suspended", "stale", "nothing_to_retry"}
+    table = (Path(__file__).parents[1] / "docs" / "concepts" / "scaling.md").read_text()
+    rows = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `")}
+    expected = seen | {"cancelled", "run_failed", "bad_payload", "unknown_agent", "lock_lost"}
+    assert expected <= rows, expected - rows
+    assert "lock_lost" in rows and "not_suspended" in rows
