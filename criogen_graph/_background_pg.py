@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from criogen_graph._aio import uncancelled
+from criogen_graph._aio import cancel_pending, to_the_end, uncancelled
 from criogen_graph.background import (
     CANCELLED,
     FAILED,
@@ -407,13 +407,17 @@ async def _run_job(worker: Worker, queue: PgQueue, context: Any, kwargs: dict[st
     rid = raw.get("id") if isinstance(raw, Mapping) else None
     run_id = rid if isinstance(rid, str) and rid else f"job-{job_id}"
     # The record is claimed first: a payload naming the run id of another job (corrupt,
-    # or made by hand) fails under a record of its own and leaves that one alone.
-    started = await _start(queue, run_id, job_id, raw, worker.name)
+    # or made by hand) fails under a record of its own and leaves that one alone. Claimed
+    # to the end, and a cancellation that came meanwhile is recorded as such.
+    started = await to_the_end(_start(queue, run_id, job_id, raw, worker.name))
     taken: BadPayload | None = None
     if started is None:
         taken = BadPayload(f"the job's run id {run_id!r} belongs to another job")
         run_id = f"job-{job_id}"
-        started = await _start(queue, run_id, job_id, raw, worker.name) or 1
+        started = await to_the_end(_start(queue, run_id, job_id, raw, worker.name)) or 1
+    if cancel_pending():
+        await uncancelled(_finish(queue, run_id, CANCELLED, {}, attempt=started))
+        raise asyncio.CancelledError
     agent: Agent[Any] | None = None
     try:
         if taken is not None:

@@ -364,3 +364,68 @@ async def test_a_failed_run_error_is_sealed_under_encryption(pg_schema_url: str)
             rows = [r[0] for r in await cur.fetchall()]
         assert rows and all("4711" not in r and "vault" not in r for r in rows)
         await close_runs(storage)
+
+
+@pytest.mark.parametrize("write", ["start", "finish"])
+async def test_a_cancel_around_each_status_write_leaves_the_record_matching_the_thread(
+    storage: Storage, worker: Worker, workdir: Path, monkeypatch: pytest.MonkeyPatch, write: str
+) -> None:
+    """The job's task is cancelled k = 0..5 loop iterations after its `write` status write
+    began (an abort arriving then): the record ends final, `succeeded` exactly when the
+    thread holds the run's answer, and the tool ran at most once."""
+    from criogen_graph import _background_pg as pg
+
+    start, finish, run_job = pg._start, pg._finish, pg._run_job
+    targets: dict[str, int] = {}
+    jobs: dict[str, asyncio.Task[Any]] = {}
+
+    def cancel_later(run_id: str) -> None:
+        k = targets.pop(run_id, None)
+        if k is None:
+            return
+        task, loop = jobs[run_id], asyncio.get_running_loop()
+
+        def later(n: int) -> None:
+            if n == 0:
+                task.cancel()
+            else:
+                loop.call_soon(later, n - 1)
+
+        loop.call_soon(later, k)
+
+    async def running(worker: Any, queue: Any, context: Any, kwargs: dict[str, Any]) -> Any:
+        task = asyncio.current_task()  # the job's own (status writes run in tasks of theirs)
+        assert task is not None
+        jobs[kwargs["payload"]["id"]] = task
+        return await run_job(worker, queue, context, kwargs)
+
+    async def starting(queue: Any, run_id: str, *args: Any, **kwargs: Any) -> Any:
+        if write == "start":
+            cancel_later(run_id)
+        return await start(queue, run_id, *args, **kwargs)
+
+    async def finishing(queue: Any, run_id: str, *args: Any, **kwargs: Any) -> Any:
+        if write == "finish":
+            cancel_later(run_id)
+        return await finish(queue, run_id, *args, **kwargs)
+
+    monkeypatch.setattr(pg, "_run_job", running)
+    monkeypatch.setattr(pg, "_start", starting)
+    monkeypatch.setattr(pg, "_finish", finishing)
+    agent = bg.make_agent(storage)
+    for k in range(6):
+        thread = agent.thread(f"cancel-{write}-{k}")
+        handle = await thread.submit("nap")
+        targets[handle.id] = k
+        deadline = asyncio.get_running_loop().time() + 30
+        info = await handle.status()
+        while not info.done:
+            assert asyncio.get_running_loop().time() < deadline, (k, info)
+            await asyncio.sleep(0.02)
+            info = await handle.status()
+        head = (await thread.history(limit=1)) or [{"status": None, "run_id": None}]
+        answered = head[0]["status"] == "completed" and head[0]["run_id"] == handle.id
+        assert (info.status == "succeeded") == answered, (k, info, head)
+        assert info.status in ("succeeded", "cancelled"), (k, info)
+        naps = [e for e in bg.ledger(workdir) if e[0] == "nap" and e[1] == thread.id]
+        assert len(naps) <= 1, (k, naps)
