@@ -212,6 +212,8 @@ async def test_sessions_ended_mid_tool_keep_the_result_and_the_run_continues(
     }
     messages = await thread.messages()
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "assistant"]
+    # The pools dropped the sessions the server ended: the continuation was handed none.
+    assert "(unreachable)" not in workers.logs()
     # The thread goes on normally afterwards.
     more = await thread.submit("hello again")
     assert (await asyncio.wait_for(more.reply(), 60)).text == "done: rested"
