@@ -67,7 +67,8 @@ class RunFailedError(CriogenError):
     `not_suspended`, `thread_suspended` (a send while an approval is pending),
     `nothing_to_retry`, `lock_lost` and `unreachable` (PostgreSQL, after a dozen tries to
     continue); `bad_payload` (the job's payload cannot be read or decrypted);
-    `unknown_agent` (no worker serves the run's agent)."""
+    `unknown_agent` (no worker serves the run's agent); `superseded` (cut off by its
+    worker's death, then overtaken by a later run on the thread: not applied again)."""
 
     code = "run_failed"
 
@@ -395,7 +396,15 @@ async def _continue(thread: Thread[Any], payload: dict[str, Any]) -> Reply[Any] 
     if not applied:
         return None
     if own is not None and own != head["id"]:
-        # Later runs followed this one: its own last checkpoint is its answer.
+        # Later runs followed this one: its own last checkpoint is its answer, if it
+        # finished; a run cut off and then overtaken is not continued (that would apply
+        # it after runs the user made since).
+        if await _status_of(thread, own) != "completed":
+            raise Superseded(
+                f"background run {payload['id']} was interrupted (its worker died) and a "
+                f"later run on thread {thread.id!r} came before it was taken over: it is "
+                "not continued nor applied again; what it finished is in the thread"
+            )
         return await thread.reply_at(own, payload["id"])
     if head["status"] in ("pending", "failed", "cancelled"):
         try:
@@ -406,6 +415,25 @@ async def _continue(thread: Thread[Any], payload: dict[str, Any]) -> Reply[Any] 
             # An earlier attempt finished the run while this one waited for the lock.
             head = (await thread.history(limit=1))[0]
     return await thread.reply_at(head["id"], head["run_id"] or payload["id"])
+
+
+async def _status_of(thread: Thread[Any], checkpoint_id: str) -> str | None:
+    """The history status of one checkpoint of the thread."""
+    from criogen_graph.thread import history_entry
+
+    cfg: Any = {
+        "configurable": {
+            "thread_id": thread.id,
+            "checkpoint_ns": "",
+            "checkpoint_id": checkpoint_id,
+        }
+    }
+    tup = await thread.agent.storage.checkpointer.aget_tuple(cfg)
+    return None if tup is None else str(history_entry(tup)["status"])
+
+
+class Superseded(Exception):
+    """A run cut off by its worker's death that later runs overtook (`superseded`)."""
 
 
 async def _own(thread: Thread[Any], payload: dict[str, Any]) -> str | None:
@@ -431,6 +459,8 @@ def error_fields(agent: Agent[Any] | None, exc: BaseException) -> dict[str, Any]
         code = "bad_payload"
     elif isinstance(exc, UnknownAgent):
         code = "unknown_agent"
+    elif isinstance(exc, Superseded):
+        code = "superseded"
     else:
         given = getattr(exc, "code", None)
         code = given if isinstance(given, str) and given != "error" else "run_failed"
