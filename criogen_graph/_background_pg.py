@@ -361,15 +361,16 @@ async def _sweep(worker: Worker, queue: PgQueue) -> None:
                     " AND status = 'failed' AND abort_requested)",
                     job_id=job.id,
                 )
-            # A job procrastinate failed before it reached a worker's code (its task or
-            # arguments edited in the table) would leave its run queued for ever.
+            # A job procrastinate failed before a worker started its run (its task or
+            # arguments edited in the table) would leave the run queued for ever.
             await queue.app.connector.execute_query_async(
                 "UPDATE criogen_runs r SET status = 'failed', error_code = 'bad_payload',"
-                " error_type = 'BadPayload', finished_at = now(), error = 'the job could"
-                " not be run as queued (its task or arguments were changed in the job table)'"
-                " FROM procrastinate_jobs j WHERE r.job_id = j.id"
-                " AND r.status IN ('queued', 'running') AND j.status = 'failed'"
-                " AND NOT j.abort_requested AND j.queue_name = %(queue)s",
+                " error_type = 'BadPayload', finished_at = now(), error = 'the job failed"
+                " before a worker could start its run (its task or arguments were changed in"
+                " the job table, or the worker could not reach the database): submit it again'"
+                " FROM procrastinate_jobs j WHERE r.job_id = j.id AND r.status = 'queued'"
+                " AND j.status = 'failed' AND NOT j.abort_requested"
+                " AND j.queue_name = %(queue)s",
                 queue=QUEUE,
             )
         except Exception as exc:
