@@ -266,4 +266,7 @@ async def test_a_job_taken_over_after_an_interactive_send_is_not_applied_twice(
     assert counts["nap"] == 1, counts
     # The survivor names the run and its thread, as users know them.
     assert f"run {handle.id} of thread {thread.id!r}" in workers.logs()
+    # No worker of this module finished a job taken from it (procrastinate's
+    # "Job was not found or not in doing status").
+    assert "Job was not found" not in workers.logs()
     workers.start()
