@@ -270,3 +270,52 @@ async def test_a_job_taken_over_after_an_interactive_send_is_not_applied_twice(
     # "Job was not found or not in doing status").
     assert "Job was not found" not in workers.logs()
     workers.start()
+
+
+async def test_a_paused_worker_whose_sessions_ended_never_overwrites_the_takeover(
+    workers: Workers, storage: Storage
+) -> None:
+    """Paused with its sessions ended: the lock is free, so the other worker takes the run
+    over and finishes it; the paused one, resumed, finds it finished and records nothing
+    over the survivor's outcome."""
+    live = [p for p in workers.procs if p.poll() is None]
+    if len(live) < 2:
+        workers.start()
+        _wait_registered(workers, 2)
+    thread = bg.make_agent(storage).thread(f"overtaken-{uuid.uuid4().hex[:6]}")
+    handle = await thread.submit("kill")
+    await _until(lambda: any(e[0] == "slow-started" for e in _entries(workers, thread.id)), workers)
+    entries = _entries(workers, thread.id)
+    fast_id = next(e[2] for e in entries if e[0] == "fast")
+    await _until(lambda: _saved(thread, fast_id), workers)
+    victim = _proc(workers, entries[0][4])
+    victim.send_signal(signal.SIGSTOP)
+    try:
+        assert _terminate_sessions(workers, workers.procs.index(victim)) > 0
+
+        def taken_over() -> bool:
+            started = [e for e in _entries(workers, thread.id) if e[0] == "slow-started"]
+            return len(started) == 2
+
+        await _until(taken_over, workers)
+        (workers.workdir / "release").touch()
+        reply = await asyncio.wait_for(handle.reply(), 60)
+        assert reply.text == "done: slow done"
+    finally:
+        victim.send_signal(signal.SIGCONT)
+    try:
+        # A graceful stop waits for the resumed worker's job to end.
+        victim.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(victim.wait, 60)
+    finally:
+        (workers.workdir / "release").unlink()
+    info = await handle.status()
+    assert info.status == "succeeded", info
+    assert info.attempts == 2
+    assert info.worker is not None and not info.worker.endswith(f":{victim.pid}")
+    counts = Counter(e[0] for e in _entries(workers, thread.id))
+    assert counts["fast"] == 1, counts
+    started = [e for e in _entries(workers, thread.id) if e[0] == "slow-started"]
+    assert len(started) == 2 and started[0][3] == started[1][3]  # the same idempotency key
+    messages = await thread.messages()
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "assistant"]
