@@ -8,9 +8,14 @@ Not part of the test suite (minutes, not seconds). Run from the repository root:
     .venv/bin/python bench/bench_background.py --runs 200 --workers 1 --no-kill
 
 Reports per round: runs/s (first submit to last finish), p50 / p99 queue wait (submit to
-first start), runs lost (not succeeded), tool executions duplicated, and for the kill
-round the time until the dead worker's runs were started again and finished. Each round
-uses a fresh schema, dropped after.
+first start), runs lost (not succeeded), tool executions duplicated, the workers' CPU
+time per run, and for the kill round the time until the dead worker's runs were started
+again and finished. Each round uses a fresh schema, dropped after.
+
+The floor rows (`--floor`, on by default) run the same number of bare procrastinate jobs,
+each sleeping the same 50 ms, with the same worker count and concurrency and a lock per
+job (as each run has its thread's): what the queue alone costs, for the runs/s of the
+criogen rows to be read against.
 """
 
 from __future__ import annotations
@@ -41,6 +46,128 @@ def _pct(values: list[float], p: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (from /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+FLOOR_TASK = "criogen_bench.floor_nap"
+
+
+def _floor_app(url: str) -> Any:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+    @app.task(name=FLOOR_TASK, queue="floor")
+    async def floor_nap() -> None:
+        await asyncio.sleep(0.05)  # the tool's 50 ms
+
+    return app
+
+
+def _floor_worker(url: str, concurrency: int) -> None:
+    """A bare procrastinate worker (the floor rows' worker process)."""
+
+    async def serve() -> None:
+        app = _floor_app(url)
+        async with app.open_async():
+            await app.run_worker_async(
+                queues=["floor"], concurrency=concurrency, install_signal_handlers=True
+            )
+
+    asyncio.run(serve())
+
+
+class FloorRound:
+    """N bare procrastinate jobs sleeping 50 ms, on `workers` worker processes."""
+
+    def __init__(self, workers: int, runs: int, args: argparse.Namespace) -> None:
+        self.workers = workers
+        self.runs = runs
+        self.args = args
+        self.schema = f"criogen_floor_{uuid.uuid4().hex[:10]}"
+        sep = "&" if "?" in PG_URL else "?"
+        self.url = f"{PG_URL}{sep}options=-csearch_path%3D{self.schema}"
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start_workers(self) -> None:
+        import psycopg
+
+        command = [sys.executable, __file__, "--floor-worker", self.url]
+        for _ in range(self.workers):
+            self.procs.append(
+                subprocess.Popen([*command, "--concurrency", str(self.args.concurrency)], cwd=ROOT)
+            )
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                row = conn.execute("SELECT count(*) FROM procrastinate_workers").fetchone()
+                if row and row[0] >= self.workers:
+                    return
+                time.sleep(0.1)
+        raise RuntimeError("floor workers did not start")
+
+    async def run(self) -> dict[str, Any]:
+        import psycopg
+        from procrastinate.schema import SchemaManager
+
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'CREATE SCHEMA "{self.schema}"')
+        try:
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                conn.execute(SchemaManager.get_schema())
+            self.start_workers()
+            cpu0 = sum(_cpu_s(p.pid) for p in self.procs)
+            app = _floor_app(self.url)
+            async with app.open_async():
+                gate = asyncio.Semaphore(16)
+
+                async def submit(i: int) -> None:
+                    async with gate:
+                        await app.configure_task(FLOOR_TASK, lock=f"floor:{i}").defer_async()
+
+                await asyncio.gather(*(submit(i) for i in range(self.runs)))
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                while True:
+                    row = conn.execute(
+                        "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
+                    ).fetchone()
+                    if row and row[0] >= self.runs:
+                        break
+                    await asyncio.sleep(0.2)
+                cpu = sum(_cpu_s(p.pid) for p in self.procs) - cpu0
+                span = conn.execute(
+                    "SELECT extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded')"
+                    " - min(at) FILTER (WHERE type = 'deferred')) FROM procrastinate_events"
+                ).fetchone()
+            assert span is not None
+            return {
+                "floor": "bare procrastinate",
+                "workers": self.workers,
+                "runs": self.runs,
+                "concurrency_per_worker": self.args.concurrency,
+                "runs_per_s": round(self.runs / float(span[0]), 1),
+                "worker_cpu_ms_per_run": round(cpu * 1000 / self.runs, 2),
+            }
+        finally:
+            for proc in self.procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in self.procs:
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            with psycopg.connect(PG_URL, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA "{self.schema}" CASCADE')
 
 
 def _machine() -> dict[str, Any]:
@@ -139,6 +266,7 @@ class Round:
                     async with gate:
                         return (await agent.thread(f"bench-{i}").submit("nap")).id
 
+                cpu0 = sum(_cpu_s(p.pid) for p in self.procs)
                 t0 = time.monotonic()
                 ids = await asyncio.gather(*(submit(i) for i in range(self.runs)))
                 submitted_s = time.monotonic() - t0
@@ -176,6 +304,7 @@ class Round:
                                 "_at": killed_at,
                             }
                         if finished >= self.runs:
+                            cpu = sum(_cpu_s(p.pid) for p in self.procs if p.poll() is None)
                             break
                         await asyncio.sleep(0.2)
                     rows = conn.execute(
@@ -206,6 +335,8 @@ class Round:
                 "tools_run_twice": len(duplicated),
                 "runs_taken_over": sum(1 for r in rows if r[2] > 1),
             }
+            if not kill_info:
+                result["worker_cpu_ms_per_run"] = round((cpu - cpu0) * 1000 / self.runs, 2)
             if kill_info:
                 again = [by_id[i] for i in kill_info.pop("_ids") if i in by_id]
                 at = kill_info.pop("_at")
@@ -248,7 +379,12 @@ def main() -> None:
     parser.add_argument("--kill-workers", type=int, default=2, help="workers in the kill round")
     parser.add_argument("--no-kill", action="store_true")
     parser.add_argument("--json", metavar="FILE", help="also write the results here")
+    parser.add_argument("--no-floor", action="store_true", help="skip the bare procrastinate rows")
+    parser.add_argument("--floor-worker", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.floor_worker:
+        _floor_worker(args.floor_worker, args.concurrency)
+        return
     out: dict[str, Any] = {
         "machine": _machine(),
         "heartbeat_s": args.heartbeat,
@@ -262,6 +398,11 @@ def main() -> None:
         result = asyncio.run(Round(n, args.runs, args).run(kill))
         print(json.dumps(result), flush=True)
         out["rounds"].append(result)
+        if not kill and not args.no_floor:
+            floor = asyncio.run(FloorRound(n, args.runs, args).run())
+            floor["criogen_over_floor"] = round(result["runs_per_s"] / floor["runs_per_s"], 2)
+            print(json.dumps(floor), flush=True)
+            out["rounds"].append(floor)
     print(json.dumps(out, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))

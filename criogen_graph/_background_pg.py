@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from criogen_graph._aio import uncancelled
+from criogen_graph._aio import cancel_pending, to_the_end, uncancelled
 from criogen_graph.background import (
     CANCELLED,
     FAILED,
@@ -70,7 +70,10 @@ _COLUMNS = """id, job_id, thread_id, agent, action, status, attempts, worker, er
     (extract(epoch FROM submitted_at) * 1000)::bigint AS submitted_at_ms,
     (extract(epoch FROM started_at) * 1000)::bigint AS started_at_ms,
     (extract(epoch FROM first_started_at) * 1000)::bigint AS first_started_at_ms,
-    (extract(epoch FROM finished_at) * 1000)::bigint AS finished_at_ms"""
+    (extract(epoch FROM finished_at) * 1000)::bigint AS finished_at_ms,
+    CASE WHEN status = 'running' THEN (SELECT (extract(epoch FROM now() - w.last_heartbeat)
+        * 1000)::bigint FROM procrastinate_jobs j JOIN procrastinate_workers w
+        ON w.id = j.worker_id WHERE j.id = criogen_runs.job_id) END AS heartbeat_age_ms"""
 
 
 def _missing_extra() -> StorageError:
@@ -137,7 +140,7 @@ class PgQueue:
 
     async def info(self, run_id: str) -> RunInfo | None:
         row = await self._one(f"SELECT {_COLUMNS} FROM criogen_runs WHERE id = %(id)s", id=run_id)
-        return _info(row) if row is not None else None
+        return _opened_error(self.storage, _info(row)) if row is not None else None
 
     async def list(self, *, status: str | None, thread_id: str | None, limit: int) -> list[RunInfo]:
         rows = await self.app.connector.execute_query_all_async(
@@ -149,7 +152,7 @@ class PgQueue:
             thread_id=thread_id,
             limit=limit,
         )
-        return [_info(r) for r in rows]
+        return [_opened_error(self.storage, _info(r)) for r in rows]
 
     async def cancel(self, run_id: str) -> bool:
         info = await self.info(run_id)
@@ -320,7 +323,12 @@ async def run_worker(worker: Worker, *, install_signal_handlers: bool = False) -
 
 async def _sweep(worker: Worker, queue: PgQueue) -> None:
     """Put back in the queue the jobs of workers silent for `stalled_after_secs`
-    (procrastinate finds them by heartbeat; requeuing is left to the application)."""
+    (procrastinate finds them by heartbeat; requeuing is left to the application).
+
+    A silent worker whose session still holds the thread's lock is not dead: it is
+    paused (SIGSTOP, a VM freeze) or its event loop is blocked (a tool calling
+    `time.sleep`); PostgreSQL ends a dead process's sessions, and its locks with them.
+    Its job is left alone until the lock is free, so two workers never run one thread."""
     manager = queue.app.job_manager
     while True:
         await asyncio.sleep(worker.heartbeat_secs)
@@ -329,11 +337,20 @@ async def _sweep(worker: Worker, queue: PgQueue) -> None:
                 queue=QUEUE, seconds_since_heartbeat=worker.stalled_after_secs
             )
             for job in stalled:
+                run_id, thread_id = _job_names(job)
+                if thread_id is not None and await _thread_locked(queue, thread_id):
+                    continue
                 try:
                     await manager.retry_job_by_id_async(
                         job.id, retry_at=datetime.datetime.now(datetime.UTC)
                     )
-                    log.warning("job %s of a dead worker queued again", job.id)
+                    log.warning(
+                        "run %s of thread %r: its worker stopped sending heartbeats and "
+                        "holds no lock on the thread; queued again (job %s)",
+                        run_id,
+                        thread_id,
+                        job.id,
+                    )
                 except Exception:  # another worker requeued it first
                     pass
                 # A run cancelled while its worker was dead ends as cancelled, not retried.
@@ -344,8 +361,45 @@ async def _sweep(worker: Worker, queue: PgQueue) -> None:
                     " AND status = 'failed' AND abort_requested)",
                     job_id=job.id,
                 )
+            # A job procrastinate failed before a worker started its run (its task or
+            # arguments edited in the table) would leave the run queued for ever.
+            await queue.app.connector.execute_query_async(
+                "UPDATE criogen_runs r SET status = 'failed', error_code = 'bad_payload',"
+                " error_type = 'BadPayload', finished_at = now(), error = 'the job failed"
+                " before a worker could start its run (its task or arguments were changed in"
+                " the job table, or the worker could not reach the database): submit it again'"
+                " FROM procrastinate_jobs j WHERE r.job_id = j.id AND r.status = 'queued'"
+                " AND j.status = 'failed' AND NOT j.abort_requested"
+                " AND j.queue_name = %(queue)s",
+                queue=QUEUE,
+            )
         except Exception as exc:
             log.warning("could not look for stalled jobs: %s", exc)
+
+
+def _job_names(job: Any) -> tuple[str | None, str | None]:
+    """The run id and thread id a job carries (None when it does not say)."""
+    lock = job.lock if isinstance(job.lock, str) else ""
+    thread_id = lock[len("criogen:") :] if lock.startswith("criogen:") else None
+    payload = (job.task_kwargs or {}).get("payload")
+    rid = payload.get("id") if isinstance(payload, Mapping) else None
+    return (rid if isinstance(rid, str) else None), thread_id
+
+
+async def _thread_locked(queue: PgQueue, thread_id: str) -> bool:
+    """Whether a session holds the thread's lock (its session-level advisory lock)."""
+    from criogen_graph.adapters.storage.postgres import lock_key
+
+    key = lock_key(thread_id) & 0xFFFFFFFFFFFFFFFF
+    row = await queue._one(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        " AND classid = %(hi)s::bigint::oid AND objid = %(lo)s::bigint::oid"
+        " AND objsubid = 1) AS held",
+        hi=key >> 32,
+        lo=key & 0xFFFFFFFF,
+    )
+    return bool(row and row["held"])
 
 
 async def _run_job(worker: Worker, queue: PgQueue, context: Any, kwargs: dict[str, Any]) -> None:
@@ -354,13 +408,17 @@ async def _run_job(worker: Worker, queue: PgQueue, context: Any, kwargs: dict[st
     rid = raw.get("id") if isinstance(raw, Mapping) else None
     run_id = rid if isinstance(rid, str) and rid else f"job-{job_id}"
     # The record is claimed first: a payload naming the run id of another job (corrupt,
-    # or made by hand) fails under a record of its own and leaves that one alone.
-    started = await _start(queue, run_id, job_id, raw, worker.name)
+    # or made by hand) fails under a record of its own and leaves that one alone. Claimed
+    # to the end, and a cancellation that came meanwhile is recorded as such.
+    started = await to_the_end(_start(queue, run_id, job_id, raw, worker.name))
     taken: BadPayload | None = None
     if started is None:
         taken = BadPayload(f"the job's run id {run_id!r} belongs to another job")
         run_id = f"job-{job_id}"
-        started = await _start(queue, run_id, job_id, raw, worker.name) or 1
+        started = await to_the_end(_start(queue, run_id, job_id, raw, worker.name)) or 1
+    if cancel_pending():
+        await uncancelled(_finish(queue, run_id, CANCELLED, {}, attempt=started))
+        raise asyncio.CancelledError
     agent: Agent[Any] | None = None
     try:
         if taken is not None:
@@ -374,20 +432,100 @@ async def _run_job(worker: Worker, queue: PgQueue, context: Any, kwargs: dict[st
                 f"--agent for it"
             )
     except (BadPayload, UnknownAgent) as exc:
-        await _finish(queue, run_id, FAILED, error_fields(agent, exc))
+        fields = _sealed_error(worker.storage, error_fields(agent, exc))
+        await _finish(queue, run_id, FAILED, fields, attempt=started)
+        if isinstance(exc, BadPayload):
+            # The record the submitter waits on, when the payload no longer names it.
+            await _fail_job_records(queue, job_id, fields)
         raise
     try:
-        reply = await execute(agent, payload, resumed=started > 1)
+        reply = await _execute_on(worker, agent, payload, resumed=started > 1)
     except ThreadBusyError:
-        await uncancelled(_finish(queue, run_id, QUEUED, {}, final=False))
+        await uncancelled(_finish(queue, run_id, QUEUED, {}, attempt=started, final=False))
         raise
     except asyncio.CancelledError:
-        await uncancelled(_finish(queue, run_id, CANCELLED, {}))
+        await uncancelled(_finish(queue, run_id, CANCELLED, {}, attempt=started))
         raise
     except Exception as exc:
-        await uncancelled(_finish(queue, run_id, FAILED, error_fields(agent, exc)))
+        fields = _sealed_error(worker.storage, error_fields(agent, exc))
+        await uncancelled(_finish(queue, run_id, FAILED, fields, attempt=started))
         raise
-    await uncancelled(_finish(queue, run_id, SUCCEEDED, result_fields(reply)))
+    await uncancelled(_finish(queue, run_id, SUCCEEDED, result_fields(reply), attempt=started))
+
+
+#: How many times a run that lost its connection is continued before it fails.
+_LOST_TRIES = 12
+
+
+async def _execute_on(
+    worker: Worker, agent: Agent[Any], payload: dict[str, Any], *, resumed: bool
+) -> Reply[Any]:
+    """Run the job; a run that lost its connection (its lock went with it) is continued
+    by this worker once PostgreSQL answers again, as a dead worker's run is by another:
+    what it saved (the results of the tools it finished, kept when the lock was lost)
+    is not done again."""
+    delay = min(0.1, worker.heartbeat_secs)
+    for tries in range(_LOST_TRIES + 1):
+        try:
+            return await execute(agent, payload, resumed=resumed)
+        except StorageError as exc:
+            if exc.code not in ("lock_lost", "unreachable") or tries == _LOST_TRIES:
+                raise
+            log.warning(
+                "run %s of thread %r lost its connection to PostgreSQL (%s); continuing it",
+                payload["id"],
+                payload["thread_id"],
+                exc.code,
+            )
+        resumed = True
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+    raise AssertionError("unreachable")
+
+
+def _sealed_error(storage: Storage, fields: dict[str, Any]) -> dict[str, Any]:
+    """A failed run's error text sealed like the checkpoints when the storage is
+    encrypted (a tool's exception may quote what the conversation holds)."""
+    serde = storage.serializer
+    if serde is None or not fields.get("error"):
+        return fields
+    import base64
+
+    kind, data = serde.dumps_typed(fields["error"])
+    return {**fields, "error": _SEALED_ERROR + f"{kind}:" + base64.b64encode(data).decode()}
+
+
+#: The prefix of an error text sealed by `_sealed_error`.
+_SEALED_ERROR = "criogen-sealed:"
+
+
+def _opened_error(storage: Storage, info: RunInfo) -> RunInfo:
+    """`info` with its sealed error text opened (kept sealed without the key)."""
+    text = info.error
+    serde = storage.serializer
+    if text is None or not text.startswith(_SEALED_ERROR) or serde is None:
+        return info
+    import base64
+    import dataclasses
+
+    try:
+        kind, data = text[len(_SEALED_ERROR) :].split(":", 1)
+        opened = serde.loads_typed((kind, base64.b64decode(data)))
+    except Exception:
+        return info
+    return dataclasses.replace(info, error=str(opened))
+
+
+async def _fail_job_records(queue: PgQueue, job_id: int, fields: dict[str, Any]) -> None:
+    await queue.app.connector.execute_query_async(
+        "UPDATE criogen_runs SET status = 'failed', error_code = %(error_code)s,"
+        " error_type = %(error_type)s, error = %(error)s, finished_at = now()"
+        " WHERE job_id = %(job_id)s AND status IN ('queued', 'running')",
+        job_id=job_id,
+        error_code=fields.get("error_code"),
+        error_type=fields.get("error_type"),
+        error=fields.get("error"),
+    )
 
 
 async def _start(queue: PgQueue, run_id: str, job_id: int, raw: Any, worker: str) -> int | None:
@@ -421,8 +559,17 @@ async def _start(queue: PgQueue, run_id: str, job_id: int, raw: Any, worker: str
 
 
 async def _finish(
-    queue: PgQueue, run_id: str, status: str, fields: dict[str, Any], *, final: bool = True
+    queue: PgQueue,
+    run_id: str,
+    status: str,
+    fields: dict[str, Any],
+    *,
+    attempt: int,
+    final: bool = True,
 ) -> None:
+    """Record the outcome of attempt `attempt` of the run: only while no later attempt
+    started it (a worker taken for dead and resumed never overwrites the outcome of
+    the worker that took its run over)."""
     values = {
         "error_code": None,
         "error_type": None,
@@ -439,8 +586,9 @@ async def _finish(
         " checkpoint_id = %(checkpoint_id)s, stop_reason = %(stop_reason)s,"
         " needs_approval = %(needs_approval)s,"
         " finished_at = CASE WHEN %(final)s THEN now() END"
-        " WHERE id = %(id)s",
+        " WHERE id = %(id)s AND attempts = %(attempt)s",
         id=run_id,
+        attempt=attempt,
         status=status,
         final=final,
         **values,

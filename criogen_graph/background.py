@@ -61,8 +61,14 @@ _PAYLOAD_VERSION = 1
 
 
 class RunFailedError(CriogenError):
-    """A background run did not succeed: `code` says why (`run_failed` with `error_type`
-    naming the run's own error, `unknown_agent`, `bad_payload`, `cancelled`)."""
+    """A background run did not succeed: `code` says why. `cancelled`; `run_failed` (the
+    run's own error, named by `error_type`); the code of a `CriogenError` the run
+    raised, e.g. `stale` (a pinned answer to a request no longer pending),
+    `not_suspended`, `thread_suspended` (a send while an approval is pending),
+    `nothing_to_retry`, `lock_lost` and `unreachable` (PostgreSQL, after a dozen tries to
+    continue); `bad_payload` (the job's payload cannot be read or decrypted);
+    `unknown_agent` (no worker serves the run's agent); `superseded` (cut off by its
+    worker's death, then overtaken by a later run on the thread: not applied again)."""
 
     code = "run_failed"
 
@@ -83,6 +89,9 @@ class RunInfo:
     `worker` is the last one (`host:pid`). A failed run has `error_code`, `error_type`
     and `error`. A run that ended has `run_id` and `checkpoint_id` (read the `Reply`
     with `handle.reply()`); `needs_approval` says it stopped for an approval.
+    `heartbeat_age_ms`: for a running run on PostgreSQL, how long ago its worker last
+    sent a heartbeat (past the workers' `stalled_after_secs`, it is taken for dead once
+    it no longer holds the thread's lock); None otherwise.
     """
 
     id: str
@@ -104,6 +113,7 @@ class RunInfo:
     started_at_ms: int | None = None
     first_started_at_ms: int | None = None
     finished_at_ms: int | None = None
+    heartbeat_age_ms: int | None = None
 
     @property
     def done(self) -> bool:
@@ -139,17 +149,31 @@ class RunHandle(Generic[Output]):
     def __repr__(self) -> str:
         return f"<RunHandle {self.id} on thread {self.thread.id!r}>"
 
+    def _unknown(self) -> ValidationError:
+        return ValidationError(
+            f"no background run {self.id!r} on thread {self.thread.id!r}", code="unknown"
+        )
+
     async def status(self) -> RunInfo:
-        """The run's record now."""
+        """The run's record now. A run of another thread is no run of this one:
+        `ValidationError(code="unknown")`, as for an id that names no run."""
         info = await self._queue.info(self.id)
-        if info is None:
-            raise ValidationError(f"no background run {self.id!r}", code="unknown")
+        if info is None or info.thread_id != self.thread.id:
+            raise self._unknown()
         return info
 
     async def reply(self) -> Reply[Output]:
         """Wait for the run to end and return its `Reply` (read from the thread, so a
         handle made in another process works too). A failed or cancelled run raises
-        `RunFailedError` naming the error. Bound the wait with `asyncio.timeout()`."""
+        `RunFailedError`; its `code` says why: `cancelled`; `run_failed` (the run's own
+        error, named by `error_type`); a `CriogenError`'s own code when the run raised
+        one, e.g. `stale` (a pinned answer to a request no longer pending),
+        `not_suspended`, `thread_suspended` (a send while an approval is pending),
+        `nothing_to_retry`, `lock_lost` (the thread's lock could not be taken back),
+        `unreachable`; `bad_payload` (the job's payload cannot be read or decrypted);
+        `unknown_agent` (no worker serves its agent). Bound the wait with
+        `asyncio.timeout()`."""
+        await self.status()
         info = await self._queue.wait(self.id)
         if info.status == CANCELLED:
             raise RunFailedError(
@@ -173,6 +197,7 @@ class RunHandle(Generic[Output]):
         """Cancel the run: a queued one never starts; a running one is cancelled at its
         next `await` (saved as a cancelled run: `thread.retry()` continues it). False if
         it had already ended."""
+        await self.status()
         return await self._queue.cancel(self.id)
 
 
@@ -216,10 +241,14 @@ async def _payload(thread: Thread[Any], action: str, **fields: Any) -> dict[str,
         payload["input"] = user["content"]
         payload["state"] = state
     elif action in ("approve", "reject", "decide"):
+        # Answers are redacted as the thread redacts them when it applies them (the
+        # graph redacts a resume's values), so the queue holds nothing the thread would not.
+        redactor = effective(thread.agent.spec.redact)
         if action == "reject":
             if not isinstance(fields["message"], str):
                 raise ValidationError("reject message must be a str", code="invalid_type")
-            payload["message"] = fields["message"]
+            message = fields["message"]
+            payload["message"] = redactor.redact(message) if redactor is not None else message
         if action == "decide":
             decisions = fields["decisions"]
             if not isinstance(decisions, Mapping):
@@ -227,9 +256,12 @@ async def _payload(thread: Thread[Any], action: str, **fields: Any) -> dict[str,
                     "decide takes a dict {call_id: Decision}", code="invalid_type"
                 )
             payload["decisions"] = {
-                str(k): v.to_dict() if isinstance(v, Decision) else v for k, v in decisions.items()
+                str(k): _redacted(redactor, v.to_dict() if isinstance(v, Decision) else v)
+                for k, v in decisions.items()
             }
-        payload["expected"] = await _pin(thread, fields.get("expected"))
+        payload["expected"], asked = await _pin(thread, fields.get("expected"))
+        if asked is not None:
+            payload["asked"] = asked
     try:
         json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -240,31 +272,53 @@ async def _payload(thread: Thread[Any], action: str, **fields: Any) -> dict[str,
     return payload
 
 
-async def _pin(thread: Thread[Any], expected: Any) -> Any:
-    """`expected` as JSON. A bare answer pins what waits now (as a bare `approve()`
-    does), so a queued answer never applies to a request asked after it was made."""
+def _redacted(redactor: Any, value: Any) -> Any:
+    return redactor.redact_value(value) if redactor is not None else value
+
+
+async def _pin(thread: Thread[Any], expected: Any) -> tuple[Any, str | None]:
+    """`expected` as JSON, and the checkpoint that asked what it answers (None if the
+    pin does not match what waits now: the run will fail `stale`). A bare answer pins
+    what waits now (as a bare `approve()` does), so a queued answer never applies to a
+    request asked after it was made. A worker taking the run over finds by the asking
+    checkpoint whether the answer was applied, whatever the pin's form."""
+    from criogen_graph._pins import Pin
+
+    pending = await thread.pending_approvals()
     if expected is None:
-        pending = await thread.pending_approvals()
         if not pending:
             raise ValidationError(
                 f"thread {thread.id!r} has no pending approvals to answer", code="not_suspended"
             )
-        return pending.checkpoint_id
-    if isinstance(expected, Reply):
-        return expected.checkpoint_id
-    if isinstance(expected, PendingApprovals):
-        return expected.checkpoint_id
-    if isinstance(expected, bool):
+        return pending.checkpoint_id, pending.checkpoint_id
+    if isinstance(expected, Reply | PendingApprovals):
+        pinned: Any = expected.checkpoint_id
+    elif isinstance(expected, bool):
         raise ValidationError("expected= cannot be a bool", code="invalid_type")
-    if isinstance(expected, str | int):
-        return expected
-    if isinstance(expected, Sequence):
-        return [r.to_dict() if hasattr(r, "to_dict") else r for r in expected]
-    raise ValidationError(
-        f"expected= takes a Reply, pending_approvals(), a checkpoint id or version, or the "
-        f"requests; got {type(expected).__name__}",
-        code="invalid_type",
-    )
+    elif isinstance(expected, str | int):
+        pinned = expected
+    elif isinstance(expected, Sequence):
+        pinned = [r.to_dict() if hasattr(r, "to_dict") else r for r in expected]
+    else:
+        raise ValidationError(
+            f"expected= takes a Reply, pending_approvals(), a checkpoint id or version, or "
+            f"the requests; got {type(expected).__name__}",
+            code="invalid_type",
+        )
+    pin = Pin.of(pinned)
+    if pin is None or not pending or pending.checkpoint_id is None:
+        return pinned, None
+    try:
+        pin.check(
+            thread_id=thread.id,
+            action="submit",
+            head_id=pending.checkpoint_id,
+            head_version=pending.version or 0,
+            pending=[r.to_dict() for r in pending],
+        )
+    except ValidationError:
+        return pinned, None
+    return pinned, pending.checkpoint_id
 
 
 # -- running a job (shared by the in-process and the PostgreSQL workers) ------------------
@@ -319,25 +373,77 @@ async def execute(agent: Agent[Any], payload: dict[str, Any], resumed: bool) -> 
 
 
 async def _continue(thread: Thread[Any], payload: dict[str, Any]) -> Reply[Any] | None:
-    """The job's effect as far as the dead worker got: None if it applied nothing (apply
-    it now), else the finished or continued run's `Reply`."""
+    """The job's effect as far as an earlier attempt got: None if it applied nothing
+    (apply it now), else the finished or continued run's `Reply`."""
     entries = await thread.history(limit=1)
     if not entries:
         return None
     head = entries[0]
     action = payload["action"]
+    own: str | None = None
     if action == "send":
-        applied = head["run_id"] == payload["id"]
+        # Searched in the whole history: runs saved since (an interactive send while the
+        # job waited for a worker) must not hide that this one was applied.
+        own = head["id"] if head["run_id"] == payload["id"] else await _own(thread, payload)
+        applied = own is not None
     elif action == "retry":
         applied = True
     else:
-        pin = payload.get("expected")
-        applied = isinstance(pin, str) and head["id"] != pin
+        asked = payload.get("asked")
+        if asked is None and isinstance(payload.get("expected"), str):
+            asked = payload["expected"]  # a payload from before `asked`
+        applied = isinstance(asked, str) and head["id"] != asked
     if not applied:
         return None
+    if own is not None and own != head["id"]:
+        # Later runs followed this one: its own last checkpoint is its answer, if it
+        # finished; a run cut off and then overtaken is not continued (that would apply
+        # it after runs the user made since).
+        if await _status_of(thread, own) != "completed":
+            raise Superseded(
+                f"background run {payload['id']} was interrupted (its worker died) and a "
+                f"later run on thread {thread.id!r} came before it was taken over: it is "
+                "not continued nor applied again; what it finished is in the thread"
+            )
+        return await thread.reply_at(own, payload["id"])
     if head["status"] in ("pending", "failed", "cancelled"):
-        return await thread.retry()
+        try:
+            return await thread.retry()
+        except ValidationError as exc:
+            if exc.code != "nothing_to_retry":
+                raise
+            # An earlier attempt finished the run while this one waited for the lock.
+            head = (await thread.history(limit=1))[0]
     return await thread.reply_at(head["id"], head["run_id"] or payload["id"])
+
+
+async def _status_of(thread: Thread[Any], checkpoint_id: str) -> str | None:
+    """The history status of one checkpoint of the thread."""
+    from criogen_graph.thread import history_entry
+
+    cfg: Any = {
+        "configurable": {
+            "thread_id": thread.id,
+            "checkpoint_ns": "",
+            "checkpoint_id": checkpoint_id,
+        }
+    }
+    tup = await thread.agent.storage.checkpointer.aget_tuple(cfg)
+    return None if tup is None else str(history_entry(tup)["status"])
+
+
+class Superseded(Exception):
+    """A run cut off by its worker's death that later runs overtook (`superseded`)."""
+
+
+async def _own(thread: Thread[Any], payload: dict[str, Any]) -> str | None:
+    """The newest checkpoint of the thread saved by the run `payload["id"]`, or None."""
+    storage = thread.agent.storage
+    await storage.backend()
+    cfg: Any = {"configurable": {"thread_id": thread.id, "checkpoint_ns": ""}}
+    async for tup in storage.checkpointer.alist(cfg, filter={"run_id": payload["id"]}, limit=1):
+        return str(tup.config["configurable"]["checkpoint_id"])
+    return None
 
 
 def error_fields(agent: Agent[Any] | None, exc: BaseException) -> dict[str, Any]:
@@ -353,6 +459,8 @@ def error_fields(agent: Agent[Any] | None, exc: BaseException) -> dict[str, Any]
         code = "bad_payload"
     elif isinstance(exc, UnknownAgent):
         code = "unknown_agent"
+    elif isinstance(exc, Superseded):
+        code = "superseded"
     else:
         given = getattr(exc, "code", None)
         code = given if isinstance(given, str) and given != "error" else "run_failed"
@@ -395,6 +503,9 @@ class _LocalRun:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     reply: Reply[Any] | None = None
+    #: Cancelled while queued: its task still waits for the run before it (the next run
+    #: waits for this task), then ends without running.
+    skipped: bool = False
 
 
 class _LocalQueue:
@@ -438,6 +549,8 @@ class _LocalQueue:
             if previous is not None:
                 # In order, never together; the one before may fail or be cancelled.
                 await asyncio.wait([previous])
+            if run.skipped:
+                return
             now = _now_ms()
             run.info = replace(
                 run.info,
@@ -470,6 +583,13 @@ class _LocalQueue:
         run = self.runs.get(run_id)
         if run is None or run.info.done or run.task is None:
             return False
+        if run.info.status == QUEUED:
+            # Not the task: cancelled, it would end before the run it waits for, and
+            # the next run of the thread would start beside that one.
+            run.skipped = True
+            run.info = replace(run.info, status=CANCELLED, finished_at_ms=_now_ms())
+            run.done.set()
+            return True
         run.task.cancel()
         await asyncio.wait([run.task])
         return run.info.status == CANCELLED

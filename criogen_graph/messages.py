@@ -120,6 +120,7 @@ ErrorCode: TypeAlias = Literal[
     "mcp_connection_lost",
     "not_a_database",
     "setup_timeout",
+    "superseded",
     "unknown_agent",
     "unreachable",
     "unwritable",

@@ -216,6 +216,20 @@ class Storage:
             return self._shared
         return await self._loops.get()
 
+    def keyed_like(self, url: str, *, on_busy: str = "wait") -> Storage:
+        """Internal: a new storage for `url` sealing with this one's encryption key (none
+        if this one has none), for a worker serving an agent's encrypted storage. For the
+        runtime's own modules; not a stable interface for users."""
+        other = Storage(url, on_busy=on_busy)
+        other._serde = self._serde
+        other._encrypted = self._encrypted
+        return other
+
+    @property
+    def encrypted(self) -> bool:
+        """Internal: whether the storage was given an `encryption_key`."""
+        return self._encrypted
+
     @property
     def serializer(self) -> SerializerProtocol | None:
         """Internal: the serializer that seals payloads with the `encryption_key` (None

@@ -277,3 +277,134 @@ async def test_bad_input_is_refused_at_submit(storage: Storage) -> None:
         await thread.submit("hi", state={"when": object()})
     assert exc.value.code == "invalid_type"
     assert await list_runs(storage) == []
+
+
+async def test_cancelling_a_queued_run_keeps_the_next_one_behind_the_running_one(
+    storage: Storage,
+) -> None:
+    release = asyncio.Event()
+    inside = asyncio.Event()
+    seen: list[int] = []
+
+    @tool
+    async def hold(n: int) -> int:
+        """Hold."""
+        seen.append(n)
+        inside.set()
+        await release.wait()
+        return n
+
+    agent = Agent(
+        FakeModel([FakeReply.tool_call("hold", {"n": 1}), "one", "three"]),
+        tools=[hold],
+        storage=storage,
+    )
+    thread = agent.thread("cancel-middle")
+    first = await thread.submit("first")
+    second = await thread.submit("second")
+    third = await thread.submit("third")
+    await inside.wait()
+    assert await second.cancel() is True
+    # The third waits for the first (the default on_busy="fail" would fail it if it
+    # started beside it).
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert (await third.status()).status == "queued"
+    release.set()
+    assert (await first.reply()).text == "one"
+    assert (await third.reply()).text == "three"
+    assert seen == [1]
+    users = [m["content"] for m in await thread.messages() if m["role"] == "user"]
+    assert users == ["first", "third"]
+
+
+async def test_a_run_handle_of_another_thread_is_no_such_run(storage: Storage) -> None:
+    agent = Agent(FakeModel(["for alice"]), storage=storage)
+    alice = await agent.thread("alice").submit("hello")
+    assert (await alice.reply()).text == "for alice"
+    bob = agent.thread("bob").run(alice.id)
+    for call in (bob.status, bob.reply, bob.cancel):
+        with pytest.raises(ValidationError) as exc:
+            await call()
+        assert exc.value.code == "unknown"
+        assert alice.id in str(exc.value) and "'bob'" in str(exc.value)
+    assert (await agent.thread("alice").run(alice.id).reply()).text == "for alice"
+
+
+@pytest.mark.parametrize("pin", ["bare", "reply", "version", "list", "pending"])
+async def test_a_pinned_answer_applied_before_a_takeover_is_not_applied_again(
+    storage: Storage, pin: str
+) -> None:
+    """What a worker taking a run over does (`resumed`): the answer the dead worker
+    applied is found applied, whatever form its pin took, and its reply is returned."""
+    from criogen_graph import background
+
+    ran: list[str] = []
+
+    @tool
+    async def refund(order_id: str) -> str:
+        """Refund."""
+        ran.append(order_id)
+        return "refunded"
+
+    agent = Agent(
+        FakeModel([FakeReply.tool_call("refund", {"order_id": "A-1"}), "Done."]),
+        tools=[refund],
+        approve=["refund"],
+        storage=storage,
+    )
+    thread = agent.thread(f"pinned-{pin}")
+    asked = await thread.send("refund A-1")
+    pending = await thread.pending_approvals()
+    expected: Any = {
+        "bare": None,
+        "reply": asked,
+        "version": asked.version,
+        "list": list(asked.approvals),
+        "pending": pending,
+    }[pin]
+    payload = await background._payload(thread, "approve", expected=expected)
+    first = await background.execute(agent, payload, resumed=False)
+    assert first.text == "Done." and ran == ["A-1"]
+    again = await background.execute(agent, payload, resumed=True)
+    assert again.text == "Done."
+    assert ran == ["A-1"]
+
+
+async def test_every_code_a_handle_raises_is_documented(storage: Storage) -> None:
+    """The codes met here and in the PostgreSQL tests (`bad_payload`, `unknown_agent`,
+    `lock_lost`) are each a row of the table in docs/concepts/scaling.md."""
+
+    @tool
+    async def refund(order_id: str) -> str:
+        """Refund."""
+        return "refunded"
+
+    agent = Agent(
+        FakeModel([FakeReply.tool_call("refund", {"order_id": "A-1"}), "Done."]),
+        tools=[refund],
+        approve=["refund"],
+        storage=storage,
+    )
+    thread = agent.thread("codes")
+    asked = await (await thread.submit("refund A-1")).reply()
+    assert asked.needs_approval
+    seen = set()
+    for handle in (
+        await thread.submit("again"),  # an approval is pending
+        await thread.submit_approve(expected=asked.version + 5),
+    ):
+        with pytest.raises(RunFailedError) as exc:
+            await handle.reply()
+        seen.add(exc.value.code)
+    await (await thread.submit_approve()).reply()
+    with pytest.raises(RunFailedError) as exc:
+        await (await thread.submit_retry()).reply()
+    seen.add(exc.value.code)
+    assert seen == {"thread_suspended", "stale", "nothing_to_retry"}
+    table = (Path(__file__).parents[1] / "docs" / "concepts" / "scaling.md").read_text()
+    rows = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `")}
+    expected = seen | {"cancelled", "run_failed", "bad_payload", "unknown_agent", "lock_lost"}
+    expected |= {"superseded"}  # tests/reliability/test_background_stalls.py
+    assert expected <= rows, expected - rows
+    assert "lock_lost" in rows and "not_suspended" in rows

@@ -36,6 +36,20 @@ def test_runs_command_lists_shows_and_cancels(
     listed: list[dict[str, Any]] = json.loads(capsys.readouterr().out)
     assert {r["id"] for r in listed} == {first, second}
     assert all(r["status"] == "queued" for r in listed)
+    assert main(["runs", "list", "--storage", cli_url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == [
+        "RUN",
+        "STATUS",
+        "ACTION",
+        "THREAD",
+        "ATTEMPTS",
+        "WORKER",
+        "HEARTBEAT",
+        "ERROR",
+    ]
+    assert {line.split()[0] for line in lines[1:]} == {first, second}
+    assert all(line.split()[1:4] == ["queued", "send", "cli"] for line in lines[1:])
     assert main(["runs", "show", first, "--storage", cli_url]) == 0
     out = capsys.readouterr().out
     assert "status: queued" in out and "thread_id: cli" in out
@@ -51,3 +65,66 @@ def test_runs_command_lists_shows_and_cancels(
     assert "no background run" in capsys.readouterr().err
     assert main(["runs", "list", "--storage", "sqlite:///x.db"]) == 1
     assert "PostgreSQL" in capsys.readouterr().err
+
+
+def _start_worker(url: str, tmp_path: Path, *extra: str, env: dict[str, str]) -> Any:
+    import os
+    import subprocess
+    import sys
+
+    log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115
+    command = [sys.executable, "-m", "criogen_graph", "worker", "--heartbeat", "0.2"]
+    proc = subprocess.Popen(
+        [*command, "--stalled-after", "1", *extra],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **env},
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    return proc
+
+
+def _stop_worker(proc: Any, tmp_path: Path) -> str:
+    import signal
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    return (tmp_path / "worker.log").read_text()
+
+
+@pytest.mark.parametrize("how", ["agent's storage", "--encryption-key-env"])
+def test_the_cli_worker_seals_with_the_storage_key(cli_url: str, tmp_path: Path, how: str) -> None:
+    """Started first on a fresh database, the worker claims it with the key (the
+    application's keyed storage opens it afterwards) and runs its sealed jobs."""
+    if how == "agent's storage":
+        extra = ("--agent", "tests.reliability._background_agents:keyed_agent")
+        env = {"CRIOGEN_BG_KEYED_URL": cli_url}
+    else:
+        extra = (
+            "--agent",
+            "tests.reliability._background_agents:agent",
+            "--storage",
+            cli_url,
+            "--encryption-key-env",
+            "MY_APP_KEY",
+        )
+        env = {"MY_APP_KEY": "bg-key"}
+    proc = _start_worker(cli_url, tmp_path, *extra, env=env)
+
+    async def submit() -> str:
+        async with Storage(cli_url, encryption_key="bg-key") as storage:
+            handle = await bg.make_agent(storage).thread("keyed").submit("hello")
+            try:
+                reply = await asyncio.wait_for(handle.reply(), 60)
+            finally:
+                await close_runs(storage)
+            return reply.text
+
+    try:
+        assert asyncio.run(submit()) == "done: rested"
+    finally:
+        logs = _stop_worker(proc, tmp_path)
+    assert "encrypted" in logs.splitlines()[0], logs
+    assert "stopping (SIGTERM)" in logs and "stopped" in logs.splitlines()[-1], logs

@@ -252,3 +252,187 @@ async def test_encrypted_storage_queues_no_plaintext_and_a_wrong_key_worker_refu
         assert reply.text == "done: rested"
         assert (await bg.make_agent(storage).thread("sealed").messages())[0]["content"] == secret
         await close_runs(storage)
+
+
+async def test_a_payload_edited_in_the_job_table_fails_its_run_with_bad_payload(
+    storage: Storage, worker: Worker, workdir: Path
+) -> None:
+    import psycopg
+
+    thread = bg.make_agent(storage).thread("edited-payload")
+    first = await thread.submit("kill")
+    edited = await thread.submit("hello")  # queued behind the first (one thread)
+    renamed = await thread.submit("hello again")
+    info, other = await edited.status(), await renamed.status()
+    assert info.status == "queued" and info.job_id is not None and other.job_id is not None
+    async with await psycopg.AsyncConnection.connect(storage.url, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE procrastinate_jobs SET args = '{}'::jsonb WHERE id = %s", (info.job_id,)
+        )
+        # procrastinate itself fails this one (no such task): the sweep fails its run.
+        await conn.execute(
+            "UPDATE procrastinate_jobs SET task_name = 'no.such.task' WHERE id = %s",
+            (other.job_id,),
+        )
+    (workdir / "release").touch()
+    try:
+        assert (await asyncio.wait_for(first.reply(), 30)).text == "done: slow done"
+        for handle in (edited, renamed):
+            with pytest.raises(RunFailedError) as exc:
+                await asyncio.wait_for(handle.reply(), 30)
+            assert exc.value.code == "bad_payload"
+    finally:
+        (workdir / "release").unlink()
+    users = [m["content"] for m in await thread.messages() if m["role"] == "user"]
+    assert users == ["kill"]
+
+
+async def test_a_run_handle_of_another_thread_is_no_such_run_on_postgres(
+    storage: Storage, worker: Worker, workdir: Path
+) -> None:
+    from criogen_graph import ValidationError
+
+    agent = bg.make_agent(storage)
+    alice = await agent.thread("alice-run").submit("hello")
+    assert (await alice.reply()).text == "done: rested"
+    bob = agent.thread("bob-run").run(alice.id)
+    for call in (bob.status, bob.reply, bob.cancel):
+        with pytest.raises(ValidationError) as exc:
+            await call()
+        assert exc.value.code == "unknown"
+
+
+async def test_queued_answers_are_redacted_in_the_job_table(pg_schema_url: str) -> None:
+    """No worker runs: the answers sit in the queue, then are cancelled for good."""
+    import psycopg
+
+    from criogen_graph import FakeReply, Redactor, tool
+
+    @tool
+    async def refund(order_id: str) -> str:
+        """Refund."""
+        return "refunded"
+
+    card, email = "4111 1111 1111 1111", "ada.lovelace@example.com"
+    async with Storage(pg_schema_url) as storage:
+        agent = Agent(
+            FakeModel([FakeReply.tool_call("refund", {"order_id": "A-1"}, id="c1")]),
+            tools=[refund],
+            approve=["refund"],
+            storage=storage,
+            redact=Redactor.pii(),
+        )
+        thread = agent.thread("answers")
+        asked = await thread.send("refund A-1")
+        assert asked.needs_approval
+        handles = [
+            await thread.submit_reject(f"no: write to {email}, card {card}"),
+            await thread.submit_decide({"c1": {"type": "edit", "args": {"order_id": email}}}),
+            await thread.submit_decide({"c1": {"type": "respond", "message": f"card {card}"}}),
+        ]
+
+        async def stored() -> str:
+            async with await psycopg.AsyncConnection.connect(pg_schema_url) as conn:
+                cur = await conn.execute("SELECT args::text FROM procrastinate_jobs")
+                return " ".join(r[0] for r in await cur.fetchall())
+
+        text = await stored()
+        assert "[EMAIL]" in text and "[CARD]" in text
+        for handle in handles:
+            assert await handle.cancel() is True
+        text = await stored()
+        assert email not in text and card not in text and "4111" not in text
+        await close_runs(storage)
+
+
+async def test_a_failed_run_error_is_sealed_under_encryption(pg_schema_url: str) -> None:
+    import psycopg
+
+    from criogen_graph import FunctionModel
+
+    def script(messages: list[dict[str, Any]], tools: Any) -> Any:
+        raise RuntimeError("the vault code is 4711-ÜNICODE")
+
+    async with Storage(pg_schema_url, encryption_key="k1", on_busy="wait") as storage:
+        agent = Agent(FunctionModel(script), storage=storage, name="sealed-errors")
+        task = asyncio.create_task(Worker(agent, heartbeat_secs=0.2, stalled_after_secs=1.0).run())
+        try:
+            handle = await agent.thread("sealed-error").submit("open it")
+            with pytest.raises(RunFailedError) as exc:
+                await asyncio.wait_for(handle.reply(), 30)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert "4711" in str(exc.value)  # opened for whoever holds the key
+        info = await handle.status()
+        assert info.error is not None and "4711-ÜNICODE" in info.error
+        async with await psycopg.AsyncConnection.connect(pg_schema_url) as conn:
+            cur = await conn.execute("SELECT coalesce(error, '') FROM criogen_runs")
+            rows = [r[0] for r in await cur.fetchall()]
+        assert rows and all("4711" not in r and "vault" not in r for r in rows)
+        await close_runs(storage)
+
+
+@pytest.mark.parametrize("write", ["start", "finish"])
+async def test_a_cancel_around_each_status_write_leaves_the_record_matching_the_thread(
+    storage: Storage, worker: Worker, workdir: Path, monkeypatch: pytest.MonkeyPatch, write: str
+) -> None:
+    """The job's task is cancelled k = 0..5 loop iterations after its `write` status write
+    began (an abort arriving then): the record ends final, `succeeded` exactly when the
+    thread holds the run's answer, and the tool ran at most once."""
+    from criogen_graph import _background_pg as pg
+
+    start, finish, run_job = pg._start, pg._finish, pg._run_job
+    targets: dict[str, int] = {}
+    jobs: dict[str, asyncio.Task[Any]] = {}
+
+    def cancel_later(run_id: str) -> None:
+        k = targets.pop(run_id, None)
+        if k is None:
+            return
+        task, loop = jobs[run_id], asyncio.get_running_loop()
+
+        def later(n: int) -> None:
+            if n == 0:
+                task.cancel()
+            else:
+                loop.call_soon(later, n - 1)
+
+        loop.call_soon(later, k)
+
+    async def running(worker: Any, queue: Any, context: Any, kwargs: dict[str, Any]) -> Any:
+        task = asyncio.current_task()  # the job's own (status writes run in tasks of theirs)
+        assert task is not None
+        jobs[kwargs["payload"]["id"]] = task
+        return await run_job(worker, queue, context, kwargs)
+
+    async def starting(queue: Any, run_id: str, *args: Any, **kwargs: Any) -> Any:
+        if write == "start":
+            cancel_later(run_id)
+        return await start(queue, run_id, *args, **kwargs)
+
+    async def finishing(queue: Any, run_id: str, *args: Any, **kwargs: Any) -> Any:
+        if write == "finish":
+            cancel_later(run_id)
+        return await finish(queue, run_id, *args, **kwargs)
+
+    monkeypatch.setattr(pg, "_run_job", running)
+    monkeypatch.setattr(pg, "_start", starting)
+    monkeypatch.setattr(pg, "_finish", finishing)
+    agent = bg.make_agent(storage)
+    for k in range(6):
+        thread = agent.thread(f"cancel-{write}-{k}")
+        handle = await thread.submit("nap")
+        targets[handle.id] = k
+        deadline = asyncio.get_running_loop().time() + 30
+        info = await handle.status()
+        while not info.done:
+            assert asyncio.get_running_loop().time() < deadline, (k, info)
+            await asyncio.sleep(0.02)
+            info = await handle.status()
+        head = (await thread.history(limit=1)) or [{"status": None, "run_id": None}]
+        answered = head[0]["status"] == "completed" and head[0]["run_id"] == handle.id
+        assert (info.status == "succeeded") == answered, (k, info, head)
+        assert info.status in ("succeeded", "cancelled"), (k, info)
+        naps = [e for e in bg.ledger(workdir) if e[0] == "nap" and e[1] == thread.id]
+        assert len(naps) <= 1, (k, naps)

@@ -57,6 +57,28 @@ def test_no_command_prints_help() -> None:
     assert "demo" in proc.stdout
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`criogen-graph ... | head -3`: the pipe's reader is gone before the command
+    writes (here it never read at all); no `BrokenPipeError` on stderr."""
+    asyncio.run(_done_thread(tmp_path / "criogen.db", "piped"))
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "criogen_graph", "threads", "list"],
+            cwd=tmp_path,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+    finally:
+        os.close(write_end)
+    assert proc.stderr == ""
+    assert proc.returncode == 141
+
+
 def test_demo_uses_a_real_provider_when_a_key_is_set(
     tmp_path: Path, openai_server: OpenAIServer
 ) -> None:
@@ -450,7 +472,7 @@ def test_threads_read_and_approve_a_thread_waiting_for_approval(tmp_path: Path) 
     assert listed.returncode == 0, listed.stderr
     rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
     assert "waits for approval" in rows[thread]
-    assert "done" in rows[done]
+    assert rows[done].split()[1] == "completed"  # the word of --json and threads history
     by_id = {r["id"]: r for r in json.loads(listed_json.stdout)}
     assert by_id[thread]["waiting_for_approval"] is True
     assert by_id[done]["waiting_for_approval"] is False

@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 
 __all__ = [
     "DEFAULT_STORAGE",
+    "ENCRYPTION_KEY_ENV",
+    "EXIT_BROKEN_PIPE",
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
@@ -26,8 +28,12 @@ DEFAULT_STORAGE = "sqlite:///criogen.db"
 #: Environment variables that give `--storage` and `--model` a default.
 STORAGE_ENV = "CRIOGEN_STORAGE"
 MODEL_ENV = "CRIOGEN_MODEL"
+#: The environment variable `worker --encryption-key-env` reads by default.
+ENCRYPTION_KEY_ENV = "CRIOGEN_ENCRYPTION_KEY"
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+#: The reader of the output went away: 128 + SIGPIPE, as a shell reports such a tool.
+EXIT_BROKEN_PIPE = 141
 
 
 class CliError(Exception):

@@ -11,7 +11,12 @@ from typing import Any
 
 from criogen_graph._cli.background import cmd_runs, cmd_worker
 from criogen_graph._cli.chat import cmd_chat
-from criogen_graph._cli.common import DEFAULT_STORAGE, MODEL_ENV, STORAGE_ENV
+from criogen_graph._cli.common import (
+    DEFAULT_STORAGE,
+    ENCRYPTION_KEY_ENV,
+    MODEL_ENV,
+    STORAGE_ENV,
+)
 from criogen_graph._cli.demo import cmd_demo
 from criogen_graph._cli.loading import model_choice
 from criogen_graph._cli.serve import cmd_serve
@@ -253,6 +258,13 @@ _WORKER_OPTIONS = (
         help="an importable Agent whose threads it serves (repeat for several)",
     ),
     _storage(f"the PostgreSQL storage (default: ${STORAGE_ENV}, else the agent's own)"),
+    _opt(
+        "--encryption-key-env",
+        metavar="NAME",
+        default=ENCRYPTION_KEY_ENV,
+        help="the environment variable holding the storage's encryption_key (default "
+        f"${ENCRYPTION_KEY_ENV}); when it is unset, the first agent's storage's key, if any",
+    ),
     _opt("--concurrency", type=_positive_int, default=4, help="runs at once (default 4)"),
     _opt(
         "--heartbeat",
@@ -264,7 +276,9 @@ _WORKER_OPTIONS = (
         "--stalled-after",
         type=_positive_float,
         default=10.0,
-        help="seconds without a heartbeat after which a worker is taken for dead (default 10)",
+        help="seconds without a heartbeat after which a worker is taken for dead (default "
+        "10); a silent worker whose session still holds its thread's lock (paused, or a tool "
+        "blocking its event loop) keeps its run",
     ),
 )
 

@@ -45,7 +45,8 @@ ANSWERING = ("approve", "reject", "decide", "retry")
 _DECISION_KEYS = frozenset({"type", "message", "args", "name"})
 
 #: What `threads list` shows for a status.
-_STATUS_LABELS = {"suspended": "waits for approval", "pending": "unfinished", "completed": "done"}
+#: (`completed` as in `--json` and `threads history`.)
+_STATUS_LABELS = {"suspended": "waits for approval", "pending": "unfinished"}
 
 
 # -- decide --json ----------------------------------------------------------------------

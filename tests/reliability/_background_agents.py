@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,16 @@ async def mark(n: int, ctx: ToolContext) -> int:
 
 
 @tool
+async def block(ctx: ToolContext) -> str:
+    """Blocks its worker's event loop for the seconds in $CRIOGEN_BG_BLOCK (a tool
+    calling a synchronous client by mistake): no heartbeat goes out meanwhile."""
+    _append("block-started", ctx)
+    time.sleep(float(os.environ.get("CRIOGEN_BG_BLOCK", "3")))  # noqa: ASYNC251
+    _append("block", ctx)
+    return "blocked"
+
+
+@tool
 async def nap(ctx: ToolContext) -> str:
     """Sleeps 50 ms (the scale benchmark's tool)."""
     await asyncio.sleep(0.05)
@@ -79,6 +90,8 @@ def _script(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
     text = str(last["content"])
     if text.startswith("kill"):
         return FakeReply.tool_calls(("fast", {}), ("slow", {}))
+    if text.startswith("block"):
+        return FakeReply.tool_call("block", {})
     if text.startswith("seq "):
         return FakeReply.tool_call("mark", {"n": int(text.split(" ")[1])})
     return FakeReply.tool_call("nap", {})
@@ -87,7 +100,7 @@ def _script(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
 def make_agent(storage: Storage | str = "memory://") -> Agent[Any]:
     return Agent(
         FunctionModel(_script),
-        tools=[fast, slow, mark, nap],
+        tools=[fast, slow, mark, nap, block],
         storage=storage,
         name="bg-agent",
     )
@@ -97,7 +110,7 @@ def make_approver(storage: Storage | str = "memory://") -> Agent[Any]:
     """The same agent, but every `nap` waits for a person's approval."""
     return Agent(
         FunctionModel(_script),
-        tools=[fast, slow, mark, nap],
+        tools=[fast, slow, mark, nap, block],
         approve=["nap"],
         storage=storage,
         name="bg-approver",
@@ -106,3 +119,13 @@ def make_approver(storage: Storage | str = "memory://") -> Agent[Any]:
 
 agent = make_agent()
 approver = make_approver()
+
+
+def _keyed() -> Agent[Any] | None:
+    """The agent on an encrypted storage at $CRIOGEN_BG_KEYED_URL (key "bg-key"), for
+    the CLI worker to take the key from."""
+    url = os.environ.get("CRIOGEN_BG_KEYED_URL")
+    return make_agent(Storage(url, encryption_key="bg-key")) if url else None
+
+
+keyed_agent = _keyed()

@@ -36,7 +36,13 @@ class Workers:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "CRIOGEN_BG_WORKDIR": str(self.workdir), "PYTHONPATH": str(ROOT)}
+        env = {
+            **os.environ,
+            "CRIOGEN_BG_WORKDIR": str(self.workdir),
+            "PYTHONPATH": str(ROOT),
+            # Names the worker's sessions, for a test to end them (pg_terminate_backend).
+            "PGAPPNAME": f"criogen-bgw-{len(self.procs)}",
+        }
         log = open(self.workdir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
             [

@@ -2,7 +2,9 @@
 `pg_terminate_backend`, `idle_session_timeout`, a proxy dropping an idle connection):
 PostgreSQL releases the thread's lock with the session, so another worker may take the
 thread. The run must write nothing more (a write could fork the thread) and say why;
-`retry()` continues from what was saved."""
+`retry()` continues from what was saved, and a tool that finished after the lock was lost
+keeps its result (saved when this process takes the lock again), so it does not run
+again."""
 
 from __future__ import annotations
 
@@ -104,7 +106,9 @@ async def test_a_run_that_lost_its_lock_writes_nothing_more_and_retry_completes(
         reply = await thread.retry()
         assert reply.text == "all done"
         assert [m["role"] for m in reply.messages] == ["user", "assistant", "tool", "assistant"]
-        assert ran == ["A-1", "A-1"]  # the unsaved result was not kept: the call ran again
+        # The result refused by the fence was kept and saved once the lock was taken
+        # again: the finished call did not run again.
+        assert ran == ["A-1"]
         report("postgres_lock_lost", how=how, runs=1, completed=1, code=str(info.value.code))
     finally:
         await storage.close()

@@ -27,6 +27,7 @@ from criogen_graph._aio import uncancelled
 from criogen_graph._urls import mask_url
 from criogen_graph.adapters.storage.base import (
     ENCRYPTION_CLAIM,
+    ERROR_CHANNEL,
     LEGACY_KEY_CHECK,
     UNENCRYPTED,
     Backend,
@@ -87,6 +88,8 @@ _SCHEMA = [
         RETURN TRUE;
     END $$""",
 ]
+#: The channel of an interrupt's pending write (a lost run's interrupt is not kept).
+INTERRUPT_CHANNEL = "__interrupt__"
 #: The SQLSTATE `criogen_fence` raises.
 _FENCE_LOST = "CRG01"
 #: Take a thread's lock: its session lock, then its write lock for this statement (a
@@ -363,12 +366,19 @@ def _saver_class() -> type[Any]:
         #: task until the thread is written or let go, each time as a tuple of its own
         #: (LangGraph changes the checkpoint it is handed).
         prefetched: dict[str, tuple[Any, Any]]
+        #: Task results of runs whose lock was lost, by thread (`keep_lost`).
+        lost: dict[str, list[tuple[Any, ...]]]
 
         async def _write(self, parts: Sequence[Insert], thread_id: str | None) -> None:
             """Save `parts` in one statement; a run's writes only while its lock holds."""
             if thread_id is not None:
                 self.prefetched.pop(thread_id, None)
-            epoch = await self.fence(thread_id) if thread_id is not None else None
+            try:
+                epoch = await self.fence(thread_id) if thread_id is not None else None
+            except StorageError as exc:
+                if exc.code == "lock_lost" and thread_id is not None:
+                    self.keep_lost(str(thread_id), parts)
+                raise
             if thread_id is None or epoch is None:
                 sql, params = _statement(*parts)
                 await self._execute(sql, params)
@@ -380,8 +390,24 @@ def _saver_class() -> type[Any]:
                 await self._execute(sql, params)
             except psycopg.Error as exc:
                 if exc.sqlstate == _FENCE_LOST:
+                    self.keep_lost(str(thread_id), parts)
                     raise lock_lost(str(thread_id)) from None
                 raise
+
+        def keep_lost(self, thread_id: str, parts: Sequence[Insert]) -> None:
+            """Keep the task results among `parts`, refused because the run's lock was
+            lost: a finished tool's result is saved when this process takes the
+            thread's lock again and the thread still stands where the run left it
+            (`PostgresBackend.restore_lost`), so a continuation does not run it again."""
+            rows = [
+                r
+                for table, _, rs in parts
+                if table == _WRITES
+                for r in rs
+                if not r[1] and r[6] not in (ERROR_CHANNEL, INTERRUPT_CHANNEL)
+            ]
+            if rows:
+                self.lost.setdefault(thread_id, []).extend(rows)
 
         async def write_held(self, seg: Segment, parts: list[Any]) -> None:
             await self._write(parts, seg.thread_id)
@@ -715,6 +741,7 @@ class PostgresBackend(Backend):
         saver.transcripts = TranscriptCache()
         saver.url = self.url
         saver.prefetched = {}
+        saver.lost = {}
 
         async def migrate() -> None:
             await saver.setup()
@@ -812,7 +839,34 @@ class PostgresBackend(Backend):
             if not take.cancelled() and take.exception() is None and take.result():
                 await uncancelled(self._give_back(thread_id))
             raise asyncio.CancelledError
-        return take.result()
+        taken = bool(take.result())
+        if taken and thread_id in cast(Any, self.saver).lost:
+            try:
+                await self.restore_lost(thread_id)
+            except BaseException:
+                await uncancelled(self._give_back(thread_id))
+                raise
+        return taken
+
+    async def restore_lost(self, thread_id: str) -> None:
+        """Save the task results a run of this process finished after its lock was lost
+        (`keep_lost`), now that the lock is held again: those of the checkpoint the
+        thread still stands on (nobody moved it on meanwhile). The continuation then
+        finds them saved and does not run those tools again."""
+        saver = cast(Any, self.saver)
+        rows = saver.lost.pop(thread_id, [])
+        found = saver.prefetched.get(thread_id)
+        value = found[1] if found is not None else None
+        if value is None:
+            graph_head = await saver.aget_tuple(
+                {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+            )
+            head = graph_head.config["configurable"]["checkpoint_id"] if graph_head else None
+        else:
+            head = value["checkpoint"]["id"]
+        keep = [r for r in rows if r[2] == head]
+        if keep:
+            await saver._write([(_WRITES, _WRITES_IGNORE, keep)], thread_id)
 
     async def _take(self, thread_id: str, holder: Any) -> bool:
         """Take the lock and read the thread's head in one round trip (a pipeline: the
@@ -960,14 +1014,22 @@ class PostgresBackend(Backend):
     async def _write_and_release(self, thread_id: str, parts: list[Insert]) -> None:
         """Save `parts` (fenced) and give the thread's lock back, in one statement on
         the lock's session. If it fails, nothing was saved and the lock is still held."""
-        import psycopg
-
         saver = cast(Any, self.saver)
         saver.prefetched.pop(thread_id, None)
-        epoch = await self._check_lock(thread_id)
-        if epoch is None:  # pragma: no cover - flush_deferred checked it is held here
-            await saver._write(parts, thread_id)
-            return
+        try:
+            epoch = await self._check_lock(thread_id)
+            if epoch is None:  # pragma: no cover - flush_deferred checked it is held here
+                await saver._write(parts, thread_id)
+                return
+            await self._release_with(thread_id, epoch, parts)
+        except StorageError as exc:
+            if exc.code == "lock_lost":
+                saver.keep_lost(thread_id, parts)
+            raise
+
+    async def _release_with(self, thread_id: str, epoch: int, parts: list[Insert]) -> None:
+        import psycopg
+
         sql, params = _statement(*parts, fence=(thread_id, epoch), release=lock_key(thread_id))
         async with self._lock_guard:
             held = self._held.get(thread_id)
