@@ -33,7 +33,7 @@ from criogen_graph.adapters.storage.base import hand_over
 from criogen_graph.errors import LimitExceededError, ToolError, ToolExecutionError
 from criogen_graph.hooks import ToolCall, ToolResult, call_hook, copy_value
 from criogen_graph.messages import Usage
-from criogen_graph.middleware import Middleware, ToolCallRequest, ToolHandler
+from criogen_graph.middleware import Middleware, ToolCallRequest, ToolHandler, checked_call
 from criogen_graph.nodes.events import Writer, step_of, stream_writer
 from criogen_graph.nodes.segment import segment_of
 from criogen_graph.nodes.spec import AgentSpec
@@ -328,7 +328,7 @@ def _layer(middleware: Middleware, handler: ToolHandler) -> ToolHandler:
     """`handler` wrapped in one middleware."""
 
     async def call(request: ToolCallRequest) -> Any:
-        return await middleware.wrap_tool_call(request, handler)
+        return await checked_call(middleware, "wrap_tool_call", request, handler)
 
     return call
 
