@@ -122,7 +122,16 @@ class Middleware:
 
     A middleware must not keep per-run state on itself unless it is safe to share: one
     agent serves many runs at once.
+
+    `passes_text`: while a model middleware may re-ask the model or rewrite its reply
+    (the default, False), a streamed run sends the reply's text (and reasoning) to stream
+    clients only once the middleware has returned it, as one event: clients never see
+    a rejected or unrewritten answer. Set it to True on a middleware that returns the
+    text it got unchanged (timing, logging, a cache) to stream text as it arrives.
     """
+
+    #: True: this middleware never changes the text of the model's reply (see above).
+    passes_text: bool = False
 
     @property
     def name(self) -> str:
