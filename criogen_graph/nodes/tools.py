@@ -782,6 +782,10 @@ async def _attempt(tool: Tool, args: Any, ctx: ToolContext, limit_secs: float | 
     try:
         async with asyncio.timeout(limit_secs) as deadline:
             return await tool.run(args, ctx)
+    except GeneratorExit:
+        if asyncio.current_task() is None:
+            raise  # this coroutine is being closed, not run: let it close
+        raise _generator_exit(tool) from None
     except TimeoutError:
         if deadline.expired():
             raise _Timeout(limit_secs or 0, tool.name) from None
@@ -816,14 +820,22 @@ async def _attempt_blocking(
         call.cancel()
         call.add_done_callback(_retrieve)
         raise _Timeout(limit_secs or 0, tool.name)
-    return _outcome(call)
+    return _outcome(call, tool)
 
 
-def _outcome(call: asyncio.Future[Any]) -> Any:
+def _outcome(call: asyncio.Future[Any], tool: Tool) -> Any:
     """The result of a finished call, or the exception it raised."""
     if call.cancelled():
         raise RuntimeError("the tool raised asyncio.CancelledError; nothing cancelled the run")
+    if isinstance(call.exception(), GeneratorExit):
+        raise _generator_exit(tool) from None
     return call.result()
+
+
+def _generator_exit(tool: Tool) -> RuntimeError:
+    """A tool that raised `GeneratorExit` (a generator's close signal, which would stop
+    the coroutines of the run around it): a failure of the tool like any other."""
+    return RuntimeError(f"the tool {tool.name} raised GeneratorExit")
 
 
 #: What LangGraph hands a task to add its writes to (what its `ChannelWrite` calls), the

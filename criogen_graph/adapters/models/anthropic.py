@@ -254,11 +254,18 @@ class AnthropicModel(HttpModel):
         texts: list[str] = []
         calls: list[ToolCallData] = []
         reasoning: list[dict[str, Any]] = []
+        if not content and not isinstance(data.get("stop_reason"), str):
+            # An empty answer says why it stopped; without that it is no message at all.
+            raise self._unreadable(f"no content and no stop_reason: {str(data)[:200]}")
         for b in content:
             kind = b.get("type") if isinstance(b, dict) else None
             if kind == "text":
-                texts.append(str(b.get("text") or ""))
+                if not isinstance(b.get("text"), str):
+                    raise self._unreadable(f"a text block without text: {str(b)[:200]}")
+                texts.append(b["text"])
             elif kind == "tool_use":
+                if not isinstance(b.get("name"), str) or not b["name"]:
+                    raise self._unreadable(f"a tool_use block without a name: {str(b)[:200]}")
                 calls.append(_call(b, b.get("input")))
             elif kind in _REASONING_TYPES:
                 reasoning.append(dict(b))
@@ -349,6 +356,8 @@ class AnthropicModel(HttpModel):
                 ) from exc
         if not finished:
             raise self._error("connection", "the stream ended before message_stop")
+        if not texts and not tools and not thoughts and stop is None:
+            raise self._unreadable("the stream held no content and no stop_reason")
         calls = [
             _call(block, "".join(parts) if parts else block.get("input"))
             for _, (block, parts) in sorted(tools.items())

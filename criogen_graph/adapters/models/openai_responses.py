@@ -274,15 +274,20 @@ class OpenAIResponsesModel(OpenAIHttpModel):
         data = await self._post(_PATH, self.body(request, stream=False))
         return self._finish(data, None)
 
-    def _finish(self, data: Any, streamed: list[dict[str, Any]] | None) -> ModelResponse:
+    def _finish(
+        self, data: Any, streamed: list[dict[str, Any]] | None, streamed_text: bool = False
+    ) -> ModelResponse:
         try:
-            return self._read(data, streamed)
+            return self._read(data, streamed, streamed_text)
         except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
             raise self._unreadable(f"{type(exc).__name__}: {exc}: {str(data)[:200]}") from exc
 
-    def _read(self, data: Any, streamed: list[dict[str, Any]] | None) -> ModelResponse:
+    def _read(
+        self, data: Any, streamed: list[dict[str, Any]] | None, streamed_text: bool = False
+    ) -> ModelResponse:
         """The reply of a final response object (`streamed`: the items of its stream's
-        `output_item.done` events, which take the place of its `output`)."""
+        `output_item.done` events, which take the place of its `output`;
+        `streamed_text`: its stream sent text deltas)."""
         if not isinstance(data, Mapping):
             raise self._unreadable(f"not a JSON object: {json.dumps(data)[:200]}")
         status = data.get("status")
@@ -307,29 +312,46 @@ class OpenAIResponsesModel(OpenAIHttpModel):
                 raise self._error("transient", f"the response is incomplete ({reason})")
         elif status not in ("completed", None):
             raise self._unreadable(f"unknown status {status!r}")
-        message, refused = self._read_output(output)
+        message, refused, read = self._read_output(output)
         if refused:
             stop = "content_filter"
+        if not read and stop is None and not streamed_text and (status is None or output):
+            # Neither a status nor anything we read, or items none of which we read: a
+            # body that only looks like a response, not an empty answer.
+            raise self._unreadable(f"no answer in the response: {json.dumps(data)[:200]}")
         return ModelResponse(message, _usage(data.get("usage")), stop)
 
-    def _read_output(self, output: list[Any]) -> tuple[AssistantMessage, bool]:
+    def _read_output(self, output: list[Any]) -> tuple[AssistantMessage, bool, bool]:
+        """The message, whether the model refused, and whether any item was read."""
         text: list[str] = []
         refusal: list[str] = []
         calls: list[ToolCallData] = []
         reasoning: list[ReasoningItem] = []
+        read = False
         for item in output:
             if not isinstance(item, Mapping):
                 raise self._unreadable(f"an output item is not an object: {item!r:.200}")
             kind = item.get("type")
             if kind == "message":
-                for part in item.get("content") or ():
+                parts = item.get("content")
+                if not isinstance(parts, list):
+                    raise self._unreadable(f"a message item's content is not a list: {item!r:.200}")
+                read = True  # a message, if an empty one
+                for part in parts:
                     if not isinstance(part, Mapping):
                         continue
-                    if part.get("type") == "output_text" and isinstance(part.get("text"), str):
+                    if part.get("type") == "output_text":
+                        if not isinstance(part.get("text"), str):
+                            raise self._unreadable(f"an output_text without text: {part!r:.200}")
                         text.append(part["text"])
+                        read = True
                     elif part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
                         refusal.append(part["refusal"])
+                        read = True
             elif kind == "function_call":
+                if not isinstance(item.get("name"), str) or not item["name"]:
+                    raise self._unreadable(f"a function_call without a name: {item!r:.200}")
+                read = True
                 call_id = str(item.get("call_id") or item.get("id") or "call_" + uuid.uuid4().hex)
                 calls.append(tool_call(call_id, str(item.get("name") or ""), item.get("arguments")))
             elif kind == "reasoning" and isinstance(item.get("id"), str):
@@ -342,6 +364,7 @@ class OpenAIResponsesModel(OpenAIHttpModel):
                 if isinstance(item.get("encrypted_content"), str):
                     kept["encrypted_content"] = item["encrypted_content"]
                 reasoning.append(kept)
+                read = True
             # Other item types (hosted tools we never offer) carry nothing for us.
         message: AssistantMessage = {"role": "assistant", "content": "".join(text)}
         if refusal and not message["content"]:
@@ -353,7 +376,7 @@ class OpenAIResponsesModel(OpenAIHttpModel):
             summary_text = "\n\n".join(s for r in reasoning for s in r["summary"])
             if summary_text:
                 message["reasoning"] = summary_text
-        return message, bool(refusal)
+        return message, bool(refusal), read
 
     async def _stream(self, request: ModelRequest) -> ModelResponse:
         sink = request.on_text
@@ -389,7 +412,7 @@ class OpenAIResponsesModel(OpenAIHttpModel):
                 final = event.get("response")
                 if kind == "response.failed" and not isinstance(final, Mapping):
                     raise self._failed(None)
-                response = self._finish(final, [done[i] for i in sorted(done)])
+                response = self._finish(final, [done[i] for i in sorted(done)], bool(text))
                 if text and not response.message["content"]:
                     # A server that streams the text but lists no items for it.
                     response.message["content"] = "".join(text)
