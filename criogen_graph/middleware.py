@@ -298,6 +298,11 @@ def _reply_problem(message: Any) -> tuple[str | None, dict[str, Any]]:
     if role != "assistant":
         said = "has no 'role'" if "role" not in out else f"has role {role!r}"
         return f"message {said}; it must be an assistant message {shape}", out
+    return _content_problem(out) or _calls_problem(out), out
+
+
+def _content_problem(out: dict[str, Any]) -> str | None:
+    """What is wrong with the reply's content; text blocks become the text, in `out`."""
     content = out.get("content")
     if content is None:
         out["content"] = ""
@@ -309,36 +314,40 @@ def _reply_problem(message: Any) -> tuple[str | None, dict[str, Any]]:
     elif not isinstance(content, str):
         return (
             f"message content is {_shown(content)}; it must be text (or a list of text "
-            'blocks {"type": "text", "text": ...})',
-            out,
+            'blocks {"type": "text", "text": ...})'
         )
+    return None
+
+
+def _calls_problem(out: dict[str, Any]) -> str | None:
+    """What is wrong with the reply's tool calls; in `out`, each call's args a dict of
+    its own, and an empty list dropped."""
     calls = out.get("tool_calls")
-    if calls is not None:
-        if not isinstance(calls, list | tuple):
+    if calls is None:
+        return None
+    if not isinstance(calls, list | tuple):
+        return (
+            f"message tool_calls is {_shown(calls)}; it must be a list of "
+            '{"id", "name", "args"} dicts'
+        )
+    fixed = []
+    for c in calls:
+        if (
+            not isinstance(c, Mapping)
+            or not isinstance(c.get("name"), str)
+            or not c.get("name")
+            or not isinstance(c.get("args") or {}, Mapping)
+        ):
             return (
-                f"message tool_calls is {_shown(calls)}; it must be a list of "
-                '{"id", "name", "args"} dicts',
-                out,
+                f"message has the tool call {_shown(c)}; each needs a 'name' (text) and "
+                "'args' (a dict)"
             )
-        fixed = []
-        for c in calls:
-            if (
-                not isinstance(c, Mapping)
-                or not isinstance(c.get("name"), str)
-                or not c.get("name")
-                or not isinstance(c.get("args") or {}, Mapping)
-            ):
-                return (
-                    f"message has the tool call {_shown(c)}; each needs a 'name' (text) "
-                    "and 'args' (a dict)",
-                    out,
-                )
-            fixed.append({**c, "args": dict(c.get("args") or {})})
-        if fixed:
-            out["tool_calls"] = fixed
-        else:
-            out.pop("tool_calls")
-    return None, out
+        fixed.append({**c, "args": dict(c.get("args") or {})})
+    if fixed:
+        out["tool_calls"] = fixed
+    else:
+        out.pop("tool_calls")
+    return None
 
 
 def _error(middleware: Middleware, method: Method, what: str) -> MiddlewareError:
