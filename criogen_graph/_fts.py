@@ -249,16 +249,37 @@ _PG_LOCK = 0x637269_6F67656E  # pg_advisory_xact_lock key ("criogen"), for the s
 _PG_PENDING_KB = 1024
 
 
-def _pg_setup_sql(schema: str) -> list[str]:
+#: A text this long (in characters) always fits a tsvector (PostgreSQL's limit is 1 MB;
+#: the worst case, distinct one-letter words of 4-byte characters, takes 6 bytes per
+#: character). A longer text whose tsvector would not fit is indexed by its longest
+#: prefix, halving from the whole, whose tsvector does, and at least this much of it.
+_PG_SAFE_CHARS = 100_000
+
+
+def _pg_functions_sql(schema: str) -> list[str]:
+    """The functions of the index: the tsvector of a text (never failing on a huge one:
+    the store's write, which the trigger is part of, would fail with it), and the
+    trigger's. `CREATE OR REPLACE`: running them again upgrades a database's copy."""
     table = f'"{schema}".criogen_search'
     return [
-        f"""CREATE TABLE IF NOT EXISTS {table} (
-            prefix text NOT NULL,
-            key text NOT NULL,
-            tsv tsvector NOT NULL,
-            PRIMARY KEY (prefix, key))""",
-        f"CREATE INDEX IF NOT EXISTS criogen_search_tsv ON {table} USING GIN (tsv) "
-        f"WITH (gin_pending_list_limit = {_PG_PENDING_KB})",
+        f"""CREATE OR REPLACE FUNCTION "{schema}".criogen_search_vector(doc text)
+        RETURNS tsvector LANGUAGE plpgsql IMMUTABLE AS $fn$
+        DECLARE
+            n integer := length(doc);
+        BEGIN
+            IF n <= {_PG_SAFE_CHARS} THEN
+                RETURN to_tsvector('{PG_CONFIG}'::regconfig, doc);
+            END IF;
+            WHILE n > {_PG_SAFE_CHARS} LOOP
+                BEGIN
+                    RETURN to_tsvector('{PG_CONFIG}'::regconfig, left(doc, n));
+                EXCEPTION WHEN program_limit_exceeded THEN
+                    n := n / 2;
+                END;
+            END LOOP;
+            RETURN to_tsvector('{PG_CONFIG}'::regconfig, left(doc, {_PG_SAFE_CHARS}));
+        END
+        $fn$""",
         f"""CREATE OR REPLACE FUNCTION "{schema}".criogen_search_sync() RETURNS trigger
         LANGUAGE plpgsql AS $fn$
         BEGIN
@@ -269,17 +290,31 @@ def _pg_setup_sql(schema: str) -> list[str]:
                     AND jsonb_typeof(NEW.value -> 'text') = 'string' THEN
                 INSERT INTO {table} (prefix, key, tsv)
                 VALUES (NEW.prefix, NEW.key,
-                        to_tsvector('{PG_CONFIG}'::regconfig, NEW.value ->> 'text'))
+                        "{schema}".criogen_search_vector(NEW.value ->> 'text'))
                 ON CONFLICT (prefix, key) DO UPDATE SET tsv = EXCLUDED.tsv;
             END IF;
             RETURN NULL;
         END
         $fn$""",
+    ]
+
+
+def _pg_setup_sql(schema: str) -> list[str]:
+    table = f'"{schema}".criogen_search'
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {table} (
+            prefix text NOT NULL,
+            key text NOT NULL,
+            tsv tsvector NOT NULL,
+            PRIMARY KEY (prefix, key))""",
+        f"CREATE INDEX IF NOT EXISTS criogen_search_tsv ON {table} USING GIN (tsv) "
+        f"WITH (gin_pending_list_limit = {_PG_PENDING_KB})",
+        *_pg_functions_sql(schema),
         f"""CREATE TRIGGER criogen_search_sync
         AFTER INSERT OR DELETE OR UPDATE OF value ON "{schema}".store
         FOR EACH ROW EXECUTE FUNCTION "{schema}".criogen_search_sync()""",
         f"""INSERT INTO {table} (prefix, key, tsv)
-        SELECT prefix, key, to_tsvector('{PG_CONFIG}'::regconfig, value ->> 'text')
+        SELECT prefix, key, "{schema}".criogen_search_vector(value ->> 'text')
         FROM "{schema}".store
         WHERE prefix LIKE '{_INDEXED}' AND jsonb_typeof(value -> 'text') = 'string'
         ON CONFLICT (prefix, key) DO NOTHING""",
@@ -295,7 +330,9 @@ _PG_DONE = (
     "JOIN pg_namespace n ON n.oid = c.relnamespace "
     "JOIN pg_class i ON i.relname = 'criogen_search_tsv' AND i.relnamespace = n.oid "
     "WHERE t.tgname = 'criogen_search_sync' AND c.relname = 'store' AND n.nspname = %s "
-    f"AND 'gin_pending_list_limit={_PG_PENDING_KB}' = ANY(i.reloptions)"
+    f"AND 'gin_pending_list_limit={_PG_PENDING_KB}' = ANY(i.reloptions) "
+    "AND EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid "
+    "AND p.proname = 'criogen_search_vector')"
 )
 _PG_TRIGGER = (
     "SELECT 1 FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
@@ -308,7 +345,8 @@ async def _pg_setup(store: Any) -> None:
     """The search table, its GIN index and the trigger on the store's table, in the
     store's schema: created and filled once, under a transaction-scoped advisory lock,
     so processes starting together do it once (the trigger's existence says it is done;
-    an index from before `_PG_PENDING_KB` gets that option); then the table's statistics
+    an index from before `_PG_PENDING_KB` gets that option, a database from before
+    `criogen_search_vector` the functions of today); then the table's statistics
     brought up to date if autovacuum has not (see `_PG_STALE`)."""
     async with store.conn.connection() as conn:
         cur = await conn.execute("SELECT current_schema()")
@@ -326,11 +364,15 @@ async def _pg_setup(store: Any) -> None:
             if await cur.fetchone() is None:
                 for statement in _pg_setup_sql(quoted):
                     await conn.execute(statement)
-            else:  # an index made before the pending list was bounded
+            else:
+                # Set up by an earlier version: its index may lack the bounded pending
+                # list, its trigger the tsvector that never fails on a huge text.
                 await conn.execute(
                     f'ALTER INDEX "{quoted}".criogen_search_tsv '
                     f"SET (gin_pending_list_limit = {_PG_PENDING_KB})"
                 )
+                for statement in _pg_functions_sql(quoted):
+                    await conn.execute(statement)
         await _pg_statistics(conn, schema)
 
 

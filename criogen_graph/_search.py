@@ -69,6 +69,59 @@ STOP_WORDS = frozenset(
 )
 
 
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def check_storable(value: Any, what: str, *, max_chars: int | None = None) -> None:
+    """`ValidationError` naming `what` (and where inside it) if `value`, a text or a JSON
+    value of dicts and lists, holds what a storage cannot keep or a search cannot read:
+    a NUL character (PostgreSQL text and JSON cannot hold one), a lone surrogate (not
+    Unicode: no UTF-8 database takes it), a number that is not finite (JSON has no NaN
+    or infinity). `max_chars` bounds the length of a text `value`."""
+    if max_chars is not None and isinstance(value, str) and len(value) > max_chars:
+        raise ValidationError(
+            f"{what} is {len(value):,} characters long; at most {max_chars:,} are kept: "
+            "split it into smaller pieces",
+            code="invalid_value",
+        )
+    _check_storable(value, what)
+
+
+def _check_storable(value: Any, where: str) -> None:
+    if isinstance(value, str):
+        bad = _UNSTORABLE.search(value)
+        if bad is None:
+            return
+        ch = bad.group()
+        at = f"at character {bad.start():,}"
+        if ch == "\x00":
+            raise ValidationError(
+                f"{where} holds a NUL character (\\x00) {at}, which a storage cannot keep: "
+                "remove it",
+                code="invalid_value",
+            )
+        raise ValidationError(
+            f"{where} holds a lone surrogate ({ch!r}) {at}, which is not valid Unicode "
+            "(half of an emoji, or bytes decoded with errors='surrogateescape'): decode "
+            "the text with errors='replace'",
+            code="invalid_value",
+        )
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValidationError(
+                f"{where} holds {value!r}, a number that is not finite (JSON cannot keep "
+                "it): use a finite number or None",
+                code="invalid_value",
+            )
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_storable(k, f"a key of {where}")
+            _check_storable(v, f"{where}[{k!r:.40}]")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_storable(v, f"{where}[{i}]")
+
+
 def words(text: str) -> list[str]:
     """Lowercased words, without the commonest English ones."""
     return [w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS]
@@ -101,6 +154,14 @@ async def embed_texts(
             f"of numbers), one per text: {exc}",
             code="invalid_type",
         ) from None
+    for i, v in enumerate(vectors):
+        bad = next((x for x in v if not math.isfinite(x)), None)
+        if bad is not None:
+            raise ValidationError(
+                f"the embedding function {_name(embed)} returned a vector holding {bad!r} "
+                f"(for text {i}): every number of an embedding must be finite",
+                code="invalid_value",
+            )
     if len(vectors) != len(texts):
         raise ValidationError(
             f"the embedding function {_name(embed)} returned {len(vectors)} vectors for "

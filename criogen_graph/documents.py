@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from criogen_graph import _fts, _vectors
-from criogen_graph._search import embed_texts, rank_vectors, snippet
+from criogen_graph._search import check_storable, embed_texts, rank_vectors, snippet
 from criogen_graph.errors import ValidationError
 from criogen_graph.memory import check_label
 from criogen_graph.storage import Storage
@@ -16,6 +16,9 @@ from criogen_graph.tools import Tool, ToolArgumentsError, ToolContext, check_too
 __all__ = ["CollectionTool"]
 
 _ROOT = ("criogen", "collections")
+#: The longest text a document may have, in characters: split longer ones (search finds
+#: and cites the pieces, and a snippet is cut from the matching one).
+MAX_DOCUMENT_CHARS = 1_000_000
 
 
 class CollectionTool(Tool):
@@ -109,6 +112,12 @@ class CollectionTool(Tool):
     ) -> dict[str, Any]:
         if not isinstance(text, str) or not text.strip():
             raise ValidationError("a document needs non-empty text", code="invalid_value")
+        check_storable(text, f"the text of document {doc_id!r}", max_chars=MAX_DOCUMENT_CHARS)
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
+        check_storable(dict(metadata or {}), f"the metadata of document {doc_id!r}")
+        # The index set up (or upgraded) before the write its trigger is part of.
+        await _fts.ensure_index(store)
         value: dict[str, Any] = {
             "text": text,
             "metadata": dict(metadata or {}),
@@ -124,6 +133,7 @@ class CollectionTool(Tool):
     def _check_id(doc_id: object) -> str:
         if not isinstance(doc_id, str) or not doc_id:
             raise ValidationError("a document id must be a non-empty str", code="invalid_value")
+        check_storable(doc_id, "a document id")
         return doc_id
 
     async def add(

@@ -18,27 +18,26 @@ running the graph itself gets what our `Thread` gets.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.errors import GraphBubbleUp
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
-from langgraph.types import Command
+from langgraph.types import Command, Overwrite, StateUpdate
 
 from criogen_graph._aio import uncancelled
 from criogen_graph.adapters.storage.base import SaverMixin
 from criogen_graph.audit import SegmentAudit, answer_action
-from criogen_graph.messages import Message
 from criogen_graph.nodes.approval import ApprovalNode
 from criogen_graph.nodes.events import API_RUN
 from criogen_graph.nodes.model import ModelNode
 from criogen_graph.nodes.segment import SEGMENT_KEY, RunSegment
 from criogen_graph.nodes.spec import AgentSpec
-from criogen_graph.nodes.state import AgentState, normalize_message
+from criogen_graph.nodes.state import AgentState, admitted
 from criogen_graph.nodes.tools import ToolsNode
-from criogen_graph.redact import Redactor, effective, redact_messages
+from criogen_graph.redact import Redactor, effective
 
 __all__ = ["AgentGraph", "AgentState", "build_graph"]
 
@@ -94,6 +93,35 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
         config = {**(config or {})}
         config["configurable"] = {**(config.get("configurable") or {}), SEGMENT_KEY: seg}
         return self._segment(input, config, kwargs, seg, audit)
+
+    def bulk_update_state(
+        self, config: RunnableConfig, supersteps: Sequence[Sequence[StateUpdate]]
+    ) -> RunnableConfig:
+        return super().bulk_update_state(config, self._redacted_updates(supersteps))
+
+    async def abulk_update_state(
+        self, config: RunnableConfig, supersteps: Sequence[Sequence[StateUpdate]]
+    ) -> RunnableConfig:
+        return await super().abulk_update_state(config, self._redacted_updates(supersteps))
+
+    def _redacted_updates(
+        self, supersteps: Sequence[Sequence[StateUpdate]]
+    ) -> Sequence[Sequence[StateUpdate]]:
+        """`update_state` writes into the thread without running the graph: the new
+        messages it brings are redacted like graph input."""
+        spec: AgentSpec | None = getattr(self.builder, "spec", None)
+        redactor = effective(spec.redact) if spec is not None else None
+        if redactor is None:
+            return supersteps
+        return [
+            [
+                u._replace(values=_redacted_input(u.values, redactor))
+                if isinstance(u.values, Mapping)
+                else u
+                for u in step
+            ]
+            for step in supersteps
+        ]
 
     async def _segment(
         self,
@@ -190,9 +218,11 @@ def _redacted_input(input: Any, redactor: Redactor) -> Any:
     return input
 
 
-def _redacted_messages(messages: Any, redactor: Redactor) -> tuple[Message, ...]:
+def _redacted_messages(messages: Any, redactor: Redactor) -> Any:
+    if isinstance(messages, Overwrite):
+        return Overwrite(list(_redacted_messages(messages.value, redactor)))
     items = messages if isinstance(messages, list | tuple) else [messages]
-    return tuple(redact_messages(redactor, [normalize_message(m) for m in items]))
+    return tuple(admitted(items, redactor))
 
 
 def _note_action(audit: SegmentAudit, input: Any) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from criogen_graph import _fts, _vectors
-from criogen_graph._search import embed_texts, rank_vectors
+from criogen_graph._search import check_storable, embed_texts, rank_vectors
 from criogen_graph.errors import ToolError, ValidationError
 from criogen_graph.tools import Tool, ToolArgumentsError, ToolContext
 
@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 __all__ = ["Memory", "MemoryOptions", "MemoryView"]
 
 _ROOT = ("criogen", "memory")
+#: The longest fact, in characters: every recalled fact goes into the model's
+#: instructions, so a fact is a sentence or a paragraph, not a document (see
+#: `CollectionTool` for those).
+MAX_FACT_CHARS = 10_000
 #: A pool's key as the label itself (where every version stored string keys), or encoded.
 _PLAIN, _ENCODED = "by", "keyed"
 #: The longest label kept as it is (UTF-8 bytes): PostgreSQL's index on a store's
@@ -222,6 +226,9 @@ class Memory:
         text = text.strip()
         if not text:
             raise ValidationError("a fact must not be empty", code="invalid_value")
+        check_storable(text, "a fact", max_chars=MAX_FACT_CHARS)
+        if source:
+            check_storable(dict(source), "a fact's source")
         ns = time.time_ns()
         fact: dict[str, Any] = {"text": text, "created_ms": ns // 1_000_000, "created_ns": ns}
         if source:
@@ -335,6 +342,11 @@ def _store_or_fail() -> Any:
 async def _remember(
     memory: Memory, store: Any, pool: tuple[str, ...], fact: str, ctx: ToolContext
 ) -> Any:
+    try:
+        # The model's own text: what is wrong with it is for the model to read and fix.
+        check_storable(fact.strip(), "the fact", max_chars=MAX_FACT_CHARS)
+    except ValidationError as exc:
+        raise ToolError(exc.message) from None
     saved = await memory.remember(
         store, pool, fact, source={"run_id": ctx.run_id, "thread_id": ctx.thread_id}
     )

@@ -92,6 +92,7 @@ ErrorCode: TypeAlias = Literal[
     "hook_failed",
     "limit_exceeded",
     "mcp_unavailable",
+    "middleware_failed",
     "model_error",
     "run_failed",
     "storage_error",

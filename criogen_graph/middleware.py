@@ -40,15 +40,19 @@ or from one function with `@model_middleware` / `@tool_middleware`.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast, get_args
 
 from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
+from criogen_graph.errors import CriogenError
+from criogen_graph.messages import AssistantMessage, ModelStopReason
 from criogen_graph.tools import Tool, ToolContext
 
 __all__ = [
     "Middleware",
+    "MiddlewareError",
     "ModelCall",
     "ModelHandler",
     "ToolCallRequest",
@@ -118,7 +122,16 @@ class Middleware:
 
     A middleware must not keep per-run state on itself unless it is safe to share: one
     agent serves many runs at once.
+
+    `passes_text`: while a model middleware may re-ask the model or rewrite its reply
+    (the default, False), a streamed run sends the reply's text (and reasoning) to stream
+    clients only once the middleware has returned it, as one event: clients never see
+    a rejected or unrewritten answer. Set it to True on a middleware that returns the
+    text it got unchanged (timing, logging, a cache) to stream text as it arrives.
     """
+
+    #: True: this middleware never changes the text of the model's reply (see above).
+    passes_text: bool = False
 
     @property
     def name(self) -> str:
@@ -197,3 +210,162 @@ def check_middleware(items: object) -> tuple[Middleware, ...]:
             )
         out.append(item)
     return tuple(out)
+
+
+class MiddlewareError(CriogenError):
+    """A middleware returned what its method may not return (code `middleware_failed`):
+    `wrap_model_call` something other than a `ModelResponse` holding an assistant message,
+    or either method an un-awaited coroutine. `middleware` names it, `method` the method.
+
+    Nothing it returned is saved. From `wrap_model_call` it fails the run (the thread
+    stays as it was: `retry()` goes on); from `wrap_tool_call` it is the tool's failure
+    (`on_tool_exception`), as any other exception of a tool middleware is.
+    """
+
+    code = "middleware_failed"
+
+    def __init__(self, message: str, *, middleware: str, method: str) -> None:
+        super().__init__(message)
+        self.middleware = middleware
+        self.method = method
+
+
+Method = Literal["wrap_model_call", "wrap_tool_call"]
+_STOP_REASONS = frozenset(get_args(ModelStopReason))
+
+
+async def checked_call(middleware: Middleware, method: Method, *args: Any) -> Any:
+    """Call `middleware.<method>(*args)` and return what it returns, checked (see
+    `checked_return`): the one place where what a middleware gives back is looked at."""
+    returned = getattr(middleware, method)(*args)
+    if not inspect.isawaitable(returned):
+        _discard(returned)
+        raise _error(
+            middleware,
+            method,
+            f"returned {_shown(returned)} instead of a coroutine: {method} must be an `async def`",
+        )
+    return checked_return(middleware, method, await returned)
+
+
+def checked_return(middleware: Middleware, method: Method, value: Any) -> Any:
+    """What `middleware.<method>` returned, if it is what the method may return (a
+    `ModelResponse` is given back as a copy with its message in the transcript's shape);
+    else `MiddlewareError` naming the middleware, what it returned and what was
+    expected."""
+    if inspect.isawaitable(value):
+        _discard(value)
+        if method == "wrap_model_call":
+            arg, expected = "call", "a ModelResponse"
+        else:
+            arg, expected = "request", "the tool's result"
+        raise _error(
+            middleware,
+            method,
+            f"returned a {type(value).__name__} it did not await (a handler's?) instead of "
+            f"{expected}: write `return await handler({arg})`",
+        )
+    if method == "wrap_tool_call":
+        return value
+    if not isinstance(value, ModelResponse):
+        raise _error(
+            middleware,
+            method,
+            f"returned {_shown(value)}; it must return a ModelResponse (the handler's, "
+            "`return await handler(call)`, or one of its own)",
+        )
+    problem, message = _reply_problem(value.message)
+    if problem is None and not isinstance(value.usage, Mapping):
+        problem = f"its usage must be a dict of token counts, got {_shown(value.usage)}"
+    if problem is None and value.stop_reason not in _STOP_REASONS and value.stop_reason is not None:
+        problem = (
+            f"its stop_reason must be None or one of {sorted(_STOP_REASONS)}, got "
+            f"{value.stop_reason!r}"
+        )
+    if problem is not None:
+        raise _error(middleware, method, f"returned a ModelResponse whose {problem}")
+    return ModelResponse(cast(AssistantMessage, message), value.usage, value.stop_reason)
+
+
+def _reply_problem(message: Any) -> tuple[str | None, dict[str, Any]]:
+    """What is wrong with a middleware's reply message (None: nothing), and the message
+    as the transcript keeps it (text blocks become the text)."""
+    shape = '{"role": "assistant", "content": "..."}'
+    if not isinstance(message, Mapping):
+        return f"message is {_shown(message)}, not an assistant message dict {shape}", {}
+    out = dict(message)
+    role = out.get("role")
+    if role != "assistant":
+        said = "has no 'role'" if "role" not in out else f"has role {role!r}"
+        return f"message {said}; it must be an assistant message {shape}", out
+    return _content_problem(out) or _calls_problem(out), out
+
+
+def _content_problem(out: dict[str, Any]) -> str | None:
+    """What is wrong with the reply's content; text blocks become the text, in `out`."""
+    content = out.get("content")
+    if content is None:
+        out["content"] = ""
+    elif isinstance(content, list) and all(
+        isinstance(b, Mapping) and b.get("type") == "text" and isinstance(b.get("text"), str)
+        for b in content
+    ):
+        out["content"] = "".join(b["text"] for b in content)
+    elif not isinstance(content, str):
+        return (
+            f"message content is {_shown(content)}; it must be text (or a list of text "
+            'blocks {"type": "text", "text": ...})'
+        )
+    return None
+
+
+def _calls_problem(out: dict[str, Any]) -> str | None:
+    """What is wrong with the reply's tool calls; in `out`, each call's args a dict of
+    its own, and an empty list dropped."""
+    calls = out.get("tool_calls")
+    if calls is None:
+        return None
+    if not isinstance(calls, list | tuple):
+        return (
+            f"message tool_calls is {_shown(calls)}; it must be a list of "
+            '{"id", "name", "args"} dicts'
+        )
+    fixed = []
+    for c in calls:
+        if (
+            not isinstance(c, Mapping)
+            or not isinstance(c.get("name"), str)
+            or not c.get("name")
+            or not isinstance(c.get("args") or {}, Mapping)
+        ):
+            return (
+                f"message has the tool call {_shown(c)}; each needs a 'name' (text) and "
+                "'args' (a dict)"
+            )
+        fixed.append({**c, "args": dict(c.get("args") or {})})
+    if fixed:
+        out["tool_calls"] = fixed
+    else:
+        out.pop("tool_calls")
+    return None
+
+
+def _error(middleware: Middleware, method: Method, what: str) -> MiddlewareError:
+    name = middleware.name
+    return MiddlewareError(f"middleware {name!r}: {method} {what}", middleware=name, method=method)
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "None"
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"a {type(value).__name__} ({text})"
+
+
+def _discard(value: Any) -> None:
+    """Close an un-awaited coroutine, so it neither runs nor warns that it never ran."""
+    close = getattr(value, "close", None)
+    if inspect.iscoroutine(value) and callable(close):
+        close()

@@ -530,8 +530,8 @@ def redact_messages(redactor: Redactor, messages: Iterable[_M]) -> list[_M]:
     out: list[_M] = []
     for given in messages:
         m = dict(given)
-        if isinstance(m.get("content"), str):
-            m["content"] = redactor.redact(m["content"])
+        if "content" in m:
+            m["content"] = redact_content(redactor, m["content"])
         for key in ("reasoning", "commentary"):
             if isinstance(m.get(key), str):
                 m[key] = redactor.redact(m[key])
@@ -547,6 +547,29 @@ def redact_messages(redactor: Redactor, messages: Iterable[_M]) -> list[_M]:
             ]
         out.append(cast(_M, m))
     return out
+
+
+#: Keys of content blocks whose values are binary data (base64), not text: a pattern that
+#: happened to match inside one would corrupt the image or file.
+_DATA_KEYS = frozenset({"data", "base64", "image_bytes"})
+
+
+def redact_content(redactor: Redactor, content: Any) -> Any:
+    """A message's content with its text redacted: a string, or a list of content blocks
+    (text blocks, and any text nested in other blocks: a URL, a document's text, a
+    tool result's parts). Base64 data (`data:` URLs, `data` fields) is kept as it is."""
+    if isinstance(content, str):
+        if content.startswith("data:") and ";base64," in content[:200]:
+            return content
+        return redactor.redact(content)
+    if isinstance(content, list | tuple):
+        return [redact_content(redactor, part) for part in content]
+    if isinstance(content, Mapping):
+        return {
+            k: v if k in _DATA_KEYS or k == "type" else redact_content(redactor, v)
+            for k, v in content.items()
+        }
+    return content
 
 
 def _redacted_block(redactor: Redactor, block: Any) -> Any:

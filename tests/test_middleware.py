@@ -376,3 +376,57 @@ async def test_cancelled_at_every_iteration_around_model_middleware(tmp_path: Pa
         assert final[-1] == "done", f"k={k}: {final}"
         assert paid[f"k{k}"] == 1, f"k={k}: paid {paid[f'k{k}']} times"
     await storage.close()
+
+
+async def test_stream_clients_get_only_the_answer_a_middleware_keeps() -> None:
+    """The docs' guardrail re-asks the model; another middleware rewrites the reply: the
+    streamed text is the saved answer, never the rejected or unrewritten one."""
+    rejected = "I guarantee it arrives tomorrow."
+    kept = "The courier usually delivers within two days."
+
+    @model_middleware
+    async def no_promises(call: ModelCall, handler: ModelHandler) -> ModelResponse:
+        response = await handler(call)
+        if "guarantee" in response.message["content"]:
+            response = await handler(call)
+        return response
+
+    @model_middleware
+    async def polite(call: ModelCall, handler: ModelHandler) -> ModelResponse:
+        response = await handler(call)
+        response.message["content"] = "Thanks for asking. " + response.message["content"]
+        return response
+
+    def chunks(text: str) -> list[str]:
+        return [text[i : i + 4] for i in range(0, len(text), 4)]
+
+    script = [
+        FakeReply.text(rejected, chunks=chunks(rejected)),
+        FakeReply.text(kept, chunks=chunks(kept)),
+    ]
+    agent = Agent(FakeModel(script), middleware=[polite, no_promises])
+    stream = agent.thread("s").stream("Will it arrive tomorrow?")
+    events = [e async for e in stream]
+    reply = await stream.reply()
+    streamed = "".join(e.text for e in events if e.type == "text")
+    assert reply.text == streamed == "Thanks for asking. " + kept
+    assert "guarantee" not in repr(events)
+
+
+async def test_a_middleware_that_passes_text_streams_it_as_it_arrives() -> None:
+    class Timer(Middleware):
+        passes_text = True
+
+        async def wrap_model_call(self, call: ModelCall, handler: ModelHandler) -> ModelResponse:
+            return await handler(call)
+
+    answer = "one two three four five six"
+    pieces = answer.split(" ")
+    agent = Agent(
+        FakeModel([FakeReply.text(answer, chunks=[p + " " for p in pieces[:-1]] + [pieces[-1]])]),
+        middleware=[Timer()],
+    )
+    stream = agent.thread("s").stream("count")
+    texts = [e.text for e in [ev async for ev in stream] if e.type == "text"]
+    assert "".join(texts) == (await stream.reply()).text == answer
+    assert len(texts) == len(pieces)

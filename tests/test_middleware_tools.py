@@ -650,3 +650,59 @@ async def test_streamed_events_of_a_call_through_middleware() -> None:
     assert [(e.tool, e.args) for e in started] == [("flaky", {"city": "Oslo"})]
     assert [(e.tool, e.status) for e in finished] == [("flaky", "ok"), ("get_weather", "ok")]
     assert calls == ["Oslo", "Oslo"]
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+async def test_a_cancelled_send_waits_for_a_stuck_middleware_at_most_the_tool_timeout(
+    backend: str, tmp_path: Path
+) -> None:
+    """A middleware that awaits forever after its handler returned (an audit sink that
+    never answers): the cancelled `send` ends with CancelledError once the tool's timeout
+    has passed, the middleware is cancelled, the tool's own result is saved, and
+    `retry()` never runs the tool again."""
+    paid: list[int] = []
+    tool_done = asyncio.Event()
+    left = asyncio.Event()
+
+    @tool(timeout_secs=0.3)
+    async def pay(amount: int) -> str:
+        """Pay."""
+        paid.append(amount)
+        tool_done.set()
+        return f"paid {amount}"
+
+    @tool_middleware
+    async def stuck(call: ToolCallRequest, handler: ToolHandler) -> Any:
+        result = await handler(call)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            left.set()
+        return result
+
+    storage = Storage(storage_url(backend, tmp_path))
+    agent = Agent(
+        FakeModel([FakeReply.tool_call("pay", {"amount": 5}), "Paid."]),
+        tools=[pay],
+        middleware=[stuck],
+        storage=storage,
+    )
+    thread = agent.thread("stuck")
+    try:
+        task = asyncio.ensure_future(thread.send("pay 5"))
+        await tool_done.wait()
+        started = asyncio.get_running_loop().time()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(task), 10)
+        waited = asyncio.get_running_loop().time() - started
+        assert task.cancelled()
+        assert 0.2 <= waited < 5, waited
+        await asyncio.wait_for(left.wait(), 5)  # the middleware was cancelled, not leaked
+        (msg,) = _tool_messages(await thread.messages())
+        assert msg["content"] == "paid 5" and msg["status"] == "ok"
+        reply = await thread.retry()
+        assert reply.text == "Paid."
+        assert paid == [5]
+    finally:
+        await storage.close()

@@ -605,3 +605,42 @@ async def test_the_official_sdk_reads_the_test_server(server: an.AnthropicServer
         }
     assert streamed.usage.output_tokens == 7
     assert info.value.status_code == 529 and info.value.body["error"]["type"] == "overloaded_error"
+
+
+@pytest.mark.parametrize(
+    ("body", "what"),
+    [
+        ({"id": "msg_1", "type": "message", "content": []}, "no content and no stop_reason"),
+        ({"content": []}, "no content and no stop_reason"),
+        (
+            {"type": "message", "content": [{"type": "text"}], "stop_reason": "end_turn"},
+            "text block",
+        ),
+        (
+            {
+                "type": "message",
+                "content": [{"type": "text", "text": 5}],
+                "stop_reason": "end_turn",
+            },
+            "text block",
+        ),
+        (
+            {"type": "message", "content": [{"type": "tool_use", "id": "t", "input": {}}]},
+            "tool_use block without a name",
+        ),
+    ],
+)
+async def test_malformed_bodies_are_not_read_as_an_empty_answer(
+    server: an.AnthropicServer, body: dict[str, Any], what: str
+) -> None:
+    server.add(an.malformed(json.dumps(body)))
+    with pytest.raises(ModelError) as info:
+        await Agent(model(server), model_retry=Retry(max_attempts=1)).run("hi")
+    assert info.value.kind == "transient"
+    assert "could not read the reply" in str(info.value) and what in str(info.value)
+
+
+async def test_an_empty_answer_with_a_stop_reason_is_an_answer(server: an.AnthropicServer) -> None:
+    body = {"type": "message", "content": [], "stop_reason": "end_turn"}
+    server.add(an.malformed(json.dumps(body)))
+    assert (await Agent(model(server)).run("hi")).text == ""

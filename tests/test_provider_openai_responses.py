@@ -509,6 +509,28 @@ async def test_stream_cut_part_way_is_retried_without_repeating_text(
             {"status": "completed", "output": [], "usage": {"input_tokens": "many"}},
             "ValueError",
         ),
+        # Bodies that once read as an empty answer.
+        ({}, "no answer in the response"),
+        ({"id": "resp_x"}, "no answer in the response"),
+        ({"output": []}, "no answer in the response"),
+        ({"output": None, "usage": {}}, "no answer in the response"),
+        ({"status": "completed", "output": [{"type": "mystery"}]}, "no answer in the response"),
+        ({"status": "completed", "output": [{"type": "message"}]}, "content is not a list"),
+        (
+            {"status": "completed", "output": [{"type": "message", "content": "hi"}]},
+            "content is not a list",
+        ),
+        (
+            {
+                "status": "completed",
+                "output": [{"type": "message", "content": [{"type": "output_text"}]}],
+            },
+            "output_text without text",
+        ),
+        (
+            {"status": "completed", "output": [{"type": "function_call", "arguments": "{}"}]},
+            "function_call without a name",
+        ),
     ],
 )
 async def test_unreadable_replies_name_the_provider_and_the_problem(

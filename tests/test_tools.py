@@ -466,3 +466,29 @@ def test_a_tool_without_docstring_or_description_fails_at_decoration() -> None:
         return order_id
 
     assert tool(documented).description == "Look an order up."
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+async def test_a_tool_raising_generator_exit_is_a_tool_error(blocking: bool) -> None:
+    """GeneratorExit is a generator's close signal; raised by a tool it is the tool's
+    failure (the model reads it), not a RuntimeError out of `send`."""
+    if blocking:
+
+        @tool
+        def bad() -> str:
+            """Bad."""
+            raise GeneratorExit()
+
+    else:
+
+        @tool
+        async def bad() -> str:
+            """Bad."""
+            raise GeneratorExit()
+
+    agent = Agent(FakeModel([FakeReply.tool_call("bad", {}), "It failed."]), tools=[bad])
+    result = await agent.run("go")
+    (msg,) = [m for m in result.messages if m["role"] == "tool"]
+    assert msg["status"] == "error"
+    assert "the tool bad raised GeneratorExit" in msg["content"]
+    assert result.text == "It failed."

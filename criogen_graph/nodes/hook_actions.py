@@ -9,8 +9,7 @@ from typing import Any, cast
 
 from criogen_graph.hooks import HookAction, HookFailedError
 from criogen_graph.messages import AssistantMessage, Message
-from criogen_graph.nodes.state import normalize_message
-from criogen_graph.redact import redact_messages
+from criogen_graph.nodes.state import admitted, normalize_message
 
 _NOT_GIVEN: Any = object()
 
@@ -31,11 +30,9 @@ def redacted_action(
     out.state = action.state
 
     def clean(m: Any) -> Any:
-        if not isinstance(m, Mapping):
-            return m
         try:
-            return redact_messages(redactor, [dict(m)])[0]
-        except (TypeError, AttributeError):
+            return admitted([dict(m) if isinstance(m, Mapping) else m], redactor)[0]
+        except (ValueError, TypeError, AttributeError):
             return m
 
     if isinstance(action.messages, list | tuple):

@@ -33,7 +33,7 @@ from criogen_graph.messages import (
     ToolCallData,
     ToolMessage,
 )
-from criogen_graph.middleware import ModelCall
+from criogen_graph.middleware import Middleware, ModelCall
 from criogen_graph.nodes.context import Compactor, View, calibrated, tail_start
 from criogen_graph.nodes.events import RedactedText, Writer, step_of, stream_writer
 from criogen_graph.nodes.hook_actions import checked_reply, checked_transcript, redacted_action
@@ -169,6 +169,13 @@ class ModelNode:
             if spec.context is not None
             else None
         )
+        # A middleware may re-ask the model or rewrite its reply: stream clients get the
+        # text it keeps, once it has, unless every one says it leaves the text alone.
+        self._hold_text = any(
+            not m.passes_text
+            for m in spec.middleware
+            if type(m).wrap_model_call is not Middleware.wrap_model_call
+        )
 
     async def __call__(self, state: dict[str, Any], config: RunnableConfig) -> Any:
         if not self.spec.loaded:
@@ -298,7 +305,7 @@ class ModelNode:
         request = self._request(turn, recalled)
         msg_id = "msg_" + uuid.uuid4().hex
         redactor = run_redactor(spec)
-        held = _sinks(request, writer, redactor, msg_id)
+        held = _sinks(request, None if self._hold_text else writer, redactor, msg_id)
         # Ahead of the step's sinks: a retried attempt does not repeat tokens either.
         request.on_text = token_sink(request.on_text)
         step = Step(writer, request.on_text, request.on_reasoning)
@@ -335,6 +342,12 @@ class ModelNode:
         _record(run, response, step.answered or spec.models[0])
         msg = response.message
         msg["id"] = msg_id
+        if self._hold_text and writer is not None:
+            # The reply the middleware kept (redacted above), as one event of each kind.
+            if msg.get("reasoning"):
+                writer({"type": "reasoning", "message_id": msg_id, "text": msg["reasoning"]})
+            if msg.get("content"):
+                writer({"type": "text", "message_id": msg_id, "text": msg["content"]})
         if msg.get("tool_calls"):
             unique_call_ids(msg["tool_calls"], turn.known)  # before anything keys on them
         turn.set_reply(msg)

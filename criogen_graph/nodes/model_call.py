@@ -20,7 +20,7 @@ from criogen_graph._callbacks import report_chat
 from criogen_graph._observe import run_spans
 from criogen_graph.adapters.models.base import Model, ModelResponse
 from criogen_graph.errors import ModelError
-from criogen_graph.middleware import Middleware, ModelCall, ModelHandler
+from criogen_graph.middleware import Middleware, ModelCall, ModelHandler, checked_call
 from criogen_graph.nodes.events import Writer
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.results import empty_usage
@@ -66,21 +66,31 @@ def compose(spec: AgentSpec, *, user: bool = True) -> tuple[ModelHandler, bool]:
         for m in (spec.middleware if user else ())
         if type(m).wrap_model_call is not Middleware.wrap_model_call
     ]
-    wrapped = bool(layers)
+    users = len(layers)
     layers += [_Telemetry(spec), _Callbacks(spec)]
     if len(spec.models) > 1:
         layers.append(_Fallback(spec))
     if spec.model_retry.max_attempts > 1:
         layers.append(_Retry(spec))
     handler: ModelHandler = _generate
-    for layer in reversed(layers):
-        handler = _bind(layer, handler)
-    return handler, wrapped
+    for i, layer in reversed(list(enumerate(layers))):
+        handler = _bind_checked(layer, handler) if i < users else _bind(layer, handler)
+    return handler, users > 0
 
 
 def _bind(layer: Middleware, inner: ModelHandler) -> ModelHandler:
     async def call(model_call: ModelCall) -> ModelResponse:
         return await layer.wrap_model_call(model_call, inner)
+
+    return call
+
+
+def _bind_checked(layer: Middleware, inner: ModelHandler) -> ModelHandler:
+    """A user's middleware: what it returns is checked before anything keeps it."""
+
+    async def call(model_call: ModelCall) -> ModelResponse:
+        response: ModelResponse = await checked_call(layer, "wrap_model_call", model_call, inner)
+        return response
 
     return call
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, TypedDict, cast
 
 from langgraph.channels.delta import DeltaChannel
@@ -26,6 +26,7 @@ from criogen_graph.messages import (
     ToolStatus,
     Usage,
 )
+from criogen_graph.redact import Redactor, redact_messages
 from criogen_graph.results import USAGE_KEYS, empty_usage
 
 _LC_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
@@ -52,6 +53,12 @@ def normalize_message(m: object) -> Message:
     This is where messages from outside (a caller, a hook, Studio, a checkpoint) enter the
     transcript: a dict with a `role` is taken as the message it says it is."""
     if type(m) is dict and "role" in m:
+        if m["role"] == "assistant" and type(m.get("content")) is list:
+            # An assistant message's content is its text (what `Reply.text`, typed
+            # output and the providers read): text blocks become that text.
+            content = _lc_content(m["content"])
+            if type(content) is str:
+                return cast(Message, {**m, "content": content})
         return cast(Message, m)
     if isinstance(m, str):
         return {"role": "user", "content": m}
@@ -74,6 +81,15 @@ def normalize_message(m: object) -> Message:
             getattr(m, "tool_call_id", None),
         )
     raise ValueError(f"cannot read {m!r} as a message")
+
+
+def admitted(messages: Iterable[object], redactor: Redactor | None) -> list[Message]:
+    """Messages entering the transcript from outside the model node's own reply (a
+    caller's graph input or state update, a hook's `HookAction`, a middleware's reply),
+    whatever their shape (see `normalize_message`), as they may be saved: redacted with
+    `redactor`, list content included. `ValueError` for one that is not a message."""
+    out = [normalize_message(m) for m in messages]
+    return redact_messages(redactor, out) if redactor is not None else out
 
 
 def _from_langchain(role: str, content: Any, calls: Any, call_id: Any) -> Message:

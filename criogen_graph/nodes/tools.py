@@ -33,15 +33,17 @@ from criogen_graph.adapters.storage.base import hand_over
 from criogen_graph.errors import LimitExceededError, ToolError, ToolExecutionError
 from criogen_graph.hooks import ToolCall, ToolResult, call_hook, copy_value
 from criogen_graph.messages import Usage
-from criogen_graph.middleware import Middleware, ToolCallRequest, ToolHandler
+from criogen_graph.middleware import Middleware, ToolCallRequest, ToolHandler, checked_call
 from criogen_graph.nodes.events import Writer, step_of, stream_writer
 from criogen_graph.nodes.segment import segment_of
 from criogen_graph.nodes.spec import AgentSpec
 from criogen_graph.nodes.state import add_usage
+from criogen_graph.redact import package_logger
 from criogen_graph.tools import Tool, ToolArgumentsError, ToolContext
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 _NOTHING: Any = object()
+_log = package_logger("criogen_graph")
 
 
 class ToolOutput:
@@ -204,6 +206,7 @@ class _Call:
         "finished",
         "name",
         "note",
+        "outcome",
         "redactor",
         "started",
         "swapped",
@@ -227,10 +230,21 @@ class _Call:
         #: A tool function returned (or answered with `ToolError`): the call must not run
         #: again, whatever comes after.
         self.finished = False
+        #: What the tool function returned last (a 1-tuple), or the `ToolError` it
+        #: answered with: the call's outcome if its middleware cannot finish.
+        self.outcome: tuple[Any] | ToolError | None = None
         #: The tool a middleware ran instead of the call's own (the last one that ran).
         self.swapped: Tool | None = None
         #: The token usage of the sub-agents that ran as this call's tool.
         self.usage: Usage | None = None
+
+    def tool_outcome(self) -> Any:
+        """What the tool function returned (or raise the `ToolError` it answered with)."""
+        outcome = self.outcome
+        if isinstance(outcome, ToolError):
+            raise outcome
+        assert outcome is not None, "the tool has not returned"
+        return outcome[0]
 
     def message(
         self, content: str, status: str, *, clean: bool = False, **extra: Any
@@ -328,30 +342,50 @@ def _layer(middleware: Middleware, handler: ToolHandler) -> ToolHandler:
     """`handler` wrapped in one middleware."""
 
     async def call(request: ToolCallRequest) -> Any:
-        return await middleware.wrap_tool_call(request, handler)
+        return await checked_call(middleware, "wrap_tool_call", request, handler)
 
     return call
 
 
-async def _guarded(run: _Call, chain: Awaitable[Any]) -> Any:
+async def _guarded(run: _Call, chain: Awaitable[Any], grace: float) -> Any:
     """Await the middleware chain of a call in a task of its own.
 
     A cancellation of the run reaches the chain only while no tool function of the call
     has finished (it stops the tool at its `await`, as without middleware). Once one has,
     the chain runs to its end and the cancellation waits (as it waits for `after_tool`
-    hooks): what the chain returns is saved, and the tool never runs again.
+    hooks): what the chain returns is saved, and the tool never runs again. It waits
+    `grace` seconds at most (the tool's timeout): a middleware still awaiting then is
+    cancelled and left, and the tool's own outcome is the call's, so a cancelled run
+    always ends.
     """
+    loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(chain)
     forwarded = False
+    deadline: float | None = None
     while True:
         try:
-            return await asyncio.shield(task)
+            if deadline is None:
+                return await asyncio.shield(task)
+            await asyncio.wait((task,), timeout=max(0.0, deadline - loop.time()))
+            if task.done():
+                break
+            task.cancel()
+            task.add_done_callback(_retrieve)
+            _log.warning(
+                "tool call %s: a middleware still awaited %g s after the tool returned, "
+                "while the run was being cancelled; the tool's own result is kept",
+                run.call_id,
+                grace,
+            )
+            return run.tool_outcome()
         except asyncio.CancelledError:
             if task.done():
                 break
             if not run.finished and not forwarded:
                 forwarded = True
                 task.cancel()
+            elif run.finished and deadline is None:
+                deadline = loop.time() + grace
     if task.cancelled() and not forwarded and not cancel_pending():
         raise RuntimeError("a middleware raised asyncio.CancelledError; nothing cancelled the run")
     return task.result()
@@ -552,13 +586,15 @@ class ToolsNode:
             )
         try:
             value = await self._execute(tool, validated, ctx)
-        except ToolError:
+        except ToolError as exc:
             run.finished = True  # the tool's answer
+            run.outcome = exc
             raise
         run.finished = True
         if isinstance(value, ToolOutput):
             run.add_usage(value.usage)
             value = value.value
+        run.outcome = (value,)
         return value
 
     async def _through_middleware(
@@ -579,7 +615,8 @@ class ToolsNode:
         handler: ToolHandler = innermost
         for middleware in reversed(self.wrappers):
             handler = _layer(middleware, handler)
-        return await _guarded(run, handler(origin))
+        grace = tool.timeout_secs or self.spec.limits.tool_timeout_secs
+        return await _guarded(run, handler(origin), grace)
 
     def _chosen(self, request: ToolCallRequest, origin: ToolCallRequest) -> Tool:
         """The tool a request runs: a `tool` a middleware put in, else the agent's tool of
@@ -745,6 +782,10 @@ async def _attempt(tool: Tool, args: Any, ctx: ToolContext, limit_secs: float | 
     try:
         async with asyncio.timeout(limit_secs) as deadline:
             return await tool.run(args, ctx)
+    except GeneratorExit:
+        if asyncio.current_task() is None:
+            raise  # this coroutine is being closed, not run: let it close
+        raise _generator_exit(tool) from None
     except TimeoutError:
         if deadline.expired():
             raise _Timeout(limit_secs or 0, tool.name) from None
@@ -779,14 +820,22 @@ async def _attempt_blocking(
         call.cancel()
         call.add_done_callback(_retrieve)
         raise _Timeout(limit_secs or 0, tool.name)
-    return _outcome(call)
+    return _outcome(call, tool)
 
 
-def _outcome(call: asyncio.Future[Any]) -> Any:
+def _outcome(call: asyncio.Future[Any], tool: Tool) -> Any:
     """The result of a finished call, or the exception it raised."""
     if call.cancelled():
         raise RuntimeError("the tool raised asyncio.CancelledError; nothing cancelled the run")
+    if isinstance(call.exception(), GeneratorExit):
+        raise _generator_exit(tool) from None
     return call.result()
+
+
+def _generator_exit(tool: Tool) -> RuntimeError:
+    """A tool that raised `GeneratorExit` (a generator's close signal, which would stop
+    the coroutines of the run around it): a failure of the tool like any other."""
+    return RuntimeError(f"the tool {tool.name} raised GeneratorExit")
 
 
 #: What LangGraph hands a task to add its writes to (what its `ChannelWrite` calls), the
