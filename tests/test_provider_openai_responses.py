@@ -510,10 +510,10 @@ async def test_stream_cut_part_way_is_retried_without_repeating_text(
             "ValueError",
         ),
         # Bodies that once read as an empty answer.
-        ({}, "no answer in the response"),
-        ({"id": "resp_x"}, "no answer in the response"),
+        ({}, "the response has no 'output'"),
+        ({"id": "resp_x"}, "the response has no 'output'"),
         ({"output": []}, "no answer in the response"),
-        ({"output": None, "usage": {}}, "no answer in the response"),
+        ({"output": None, "usage": {}}, "the response has no 'output'"),
         ({"status": "completed", "output": [{"type": "mystery"}]}, "no answer in the response"),
         ({"status": "completed", "output": [{"type": "message"}]}, "content is not a list"),
         (
@@ -525,7 +525,7 @@ async def test_stream_cut_part_way_is_retried_without_repeating_text(
                 "status": "completed",
                 "output": [{"type": "message", "content": [{"type": "output_text"}]}],
             },
-            "output_text without text",
+            "a content part this adapter cannot read",
         ),
         (
             {"status": "completed", "output": [{"type": "function_call", "arguments": "{}"}]},

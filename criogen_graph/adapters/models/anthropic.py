@@ -340,6 +340,9 @@ class AnthropicModel(HttpModel):
         content = data.get("content") if isinstance(data, dict) else None
         if not isinstance(content, list):
             raise self._unreadable(f"the response is not a message: {str(data)[:200]}")
+        if not content and not isinstance(data.get("stop_reason"), str):
+            # An empty answer says why it stopped; without that it is no message at all.
+            raise self._unreadable(f"no content and no stop_reason: {str(data)[:200]}")
         turn = _Turn()
         for b in content:
             try:

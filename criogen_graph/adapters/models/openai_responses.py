@@ -266,6 +266,15 @@ _FAILED_KINDS: dict[str, ModelErrorKind] = {
 }
 
 
+#: Output item types that carry a reply (text, a refusal, a call, reasoning); hosted tool
+#: items travel beside them but never make an answer on their own.
+_ANSWER_ITEMS = frozenset({"message", "function_call", "reasoning"})
+
+
+def _item_kind(item: Any) -> Any:
+    return item.get("type") if isinstance(item, Mapping) else None
+
+
 class OpenAIResponsesModel(OpenAIHttpModel):
     """A model behind OpenAI's Responses API. Build it with `openai(model,
     api="responses")`, `openai_responses(...)` or `Agent("openai-responses:<model>")`.
@@ -391,9 +400,15 @@ class OpenAIResponsesModel(OpenAIHttpModel):
                 raise self._error("transient", f"the response is incomplete ({reason})")
         elif status not in ("completed", None):
             raise self._unreadable(f"unknown status {status!r}")
+        if status is None and not output and not streamed:
+            # Neither a status nor an item: a body that only looks like a response.
+            raise self._unreadable(f"no answer in the response: {json.dumps(data)[:200]}")
         message, refused = self._read_output(output)
         if refused:
             stop = "content_filter"
+        if output and not any(_item_kind(i) in _ANSWER_ITEMS for i in output):
+            # Items none of which can hold an answer: not an empty answer either.
+            raise self._unreadable(f"no answer in the response: {json.dumps(output)[:200]}")
         return ModelResponse(message, _usage(data.get("usage")), stop)
 
     def _read_output(self, output: list[Any]) -> tuple[AssistantMessage, bool]:
