@@ -320,14 +320,7 @@ class ModelNode:
         )
         token = STEP.set(step)
         try:
-            try:
-                response = await self._call(call)
-            except ModelError as err:
-                if not await self._compact_harder(err, turn, config):
-                    raise
-                again = self._request(turn, recalled)
-                again.on_text, again.on_reasoning = request.on_text, request.on_reasoning
-                response = await self._call(call.replace(request=again))
+            response = await self._call_fitting(call, turn, config, recalled)
         except ModelError as err:
             response = finished(err)
         finally:
@@ -343,15 +336,26 @@ class ModelNode:
         msg = response.message
         msg["id"] = msg_id
         if self._hold_text and writer is not None:
-            # The reply the middleware kept (redacted above), as one event of each kind.
-            if msg.get("reasoning"):
-                writer({"type": "reasoning", "message_id": msg_id, "text": msg["reasoning"]})
-            if msg.get("content"):
-                writer({"type": "text", "message_id": msg_id, "text": msg["content"]})
+            _kept_reply_events(writer, msg, msg_id)
         if msg.get("tool_calls"):
             unique_call_ids(msg["tool_calls"], turn.known)  # before anything keys on them
         turn.set_reply(msg)
         return response
+
+    async def _call_fitting(
+        self, call: ModelCall, turn: _Turn, config: RunnableConfig, recalled: Any
+    ) -> ModelResponse:
+        """The model's reply; after a context overflow the policy compacts harder, the
+        call is made once more with the smaller view."""
+        try:
+            return await self._call(call)
+        except ModelError as err:
+            if not await self._compact_harder(err, turn, config):
+                raise
+            request = call.request
+            again = self._request(turn, recalled)
+            again.on_text, again.on_reasoning = request.on_text, request.on_reasoning
+            return await self._call(call.replace(request=again))
 
     async def _compact_harder(self, err: ModelError, turn: _Turn, config: RunnableConfig) -> bool:
         """After a provider's context-overflow error: summarize all but the newest
@@ -596,3 +600,11 @@ def _gated(rule: Any, call: ToolCallData) -> bool:
     except Exception:
         # A predicate that fails cannot vouch for the call: a person decides.
         return True
+
+
+def _kept_reply_events(writer: Writer, msg: Mapping[str, Any], msg_id: str) -> None:
+    """The reply a middleware kept (already redacted), as one event of each kind."""
+    if msg.get("reasoning"):
+        writer({"type": "reasoning", "message_id": msg_id, "text": msg["reasoning"]})
+    if msg.get("content"):
+        writer({"type": "text", "message_id": msg_id, "text": msg["content"]})
