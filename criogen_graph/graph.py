@@ -22,10 +22,11 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import ensure_config
 from langgraph.errors import GraphBubbleUp
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
-from langgraph.types import Command
+from langgraph.types import Command, GraphOutput, Overwrite
 
 from criogen_graph._aio import uncancelled
 from criogen_graph.adapters.storage.base import SaverMixin
@@ -36,7 +37,7 @@ from criogen_graph.nodes.events import API_RUN
 from criogen_graph.nodes.model import ModelNode
 from criogen_graph.nodes.segment import SEGMENT_KEY, RunSegment
 from criogen_graph.nodes.spec import AgentSpec
-from criogen_graph.nodes.state import AgentState, normalize_message
+from criogen_graph.nodes.state import AgentState, as_langchain_message, normalize_message
 from criogen_graph.nodes.tools import ToolsNode
 from criogen_graph.redact import Redactor, effective, redact_messages
 
@@ -44,6 +45,7 @@ __all__ = ["AgentGraph", "AgentState", "build_graph"]
 
 _CHECKPOINTER = "__pregel_checkpointer"
 _RUNTIME = "__pregel_runtime"
+_CHECKPOINT_NS = "checkpoint_ns"
 
 
 class _AgentBuilder(StateGraph[Any]):
@@ -67,6 +69,18 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
     `on_start` / `on_end` once per run segment, and keep audit records in the run's store
     when the checkpointer is not ours (see `criogen_graph.audit`)."""
 
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        """LangGraph's `ainvoke`; run inside another LangGraph graph (as its node, or
+        from a node's code), the messages it returns are LangChain messages, as the
+        parent's `add_messages` (`MessagesState`) takes them (see
+        `nodes.state.as_langchain_message`)."""
+        out = await super().ainvoke(input, config, **kwargs)
+        if API_RUN.get() or not _in_parent_graph(config):
+            return out
+        if isinstance(out, GraphOutput):
+            return GraphOutput(_for_parent(out.value), out.interrupts)
+        return _for_parent(out)
+
     def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
@@ -78,8 +92,7 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
             # Driven by LangGraph itself: our API redacts its input and keeps its audit
             # trail before it gets here.
             redactor = effective(spec.redact)
-            if redactor is not None:
-                input = _redacted_input(input, redactor)
+            input = _read_input(input, redactor)
             audit = self._store_audit(config, redactor)
             if audit is not None:
                 _note_action(audit, input)
@@ -170,14 +183,33 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
         return SegmentAudit(store, str(thread_id), actor, redactor)
 
 
-def _redacted_input(input: Any, redactor: Redactor) -> Any:
-    """New messages and approval answers with the agent's policy applied, before
-    LangGraph keeps them (in the state, the input checkpoint, the resume write)."""
+def _in_parent_graph(config: RunnableConfig | None) -> bool:
+    """Whether the graph runs inside a parent LangGraph graph: its config (or the one
+    LangGraph set in context for the node that calls it) names a parent namespace."""
+    configurable = ensure_config(config).get("configurable") or {}
+    return bool(configurable.get(_CHECKPOINT_NS))
+
+
+def _for_parent(values: Any) -> Any:
+    """The output values with their messages as LangChain messages."""
+    if not isinstance(values, Mapping):
+        return values
+    messages = values.get("messages")
+    if not isinstance(messages, list | tuple):
+        return values
+    return {**values, "messages": [as_langchain_message(m) for m in messages]}
+
+
+def _read_input(input: Any, redactor: Redactor | None) -> Any:
+    """New messages as transcript dicts (a tuple: LangGraph gives the message dicts of a
+    *list* written to a channel made-up ids, and turns them into LangChain messages), and
+    with approval answers, with the agent's policy applied, before LangGraph keeps them
+    (in the state, the input checkpoint, the resume write)."""
     if isinstance(input, Mapping) and input.get("messages") is not None:
-        return {**input, "messages": _redacted_messages(input["messages"], redactor)}
+        return {**input, "messages": _read_messages(input["messages"], redactor)}
     if isinstance(input, Command):
         resume = input.resume
-        if resume is not None:
+        if resume is not None and redactor is not None:
             # The values only: the keys are call ids (or interrupt ids) to match.
             if isinstance(resume, Mapping):
                 resume = {k: redactor.redact_value(v) for k, v in resume.items()}
@@ -185,14 +217,22 @@ def _redacted_input(input: Any, redactor: Redactor) -> Any:
                 resume = redactor.redact_value(resume)
         update = input.update
         if isinstance(update, Mapping) and update.get("messages") is not None:
-            update = {**update, "messages": _redacted_messages(update["messages"], redactor)}
+            update = {**update, "messages": _read_messages(update["messages"], redactor)}
         return Command(graph=input.graph, update=update, resume=resume, goto=input.goto)
     return input
 
 
-def _redacted_messages(messages: Any, redactor: Redactor) -> tuple[Message, ...]:
+def _read_messages(messages: Any, redactor: Redactor | None) -> Any:
+    if isinstance(messages, Overwrite):
+        return messages  # a replaced transcript: the reducer is not asked
     items = messages if isinstance(messages, list | tuple) else [messages]
-    return tuple(redact_messages(redactor, [normalize_message(m) for m in items]))
+    try:
+        plain = [normalize_message(m) for m in items]
+    except ValueError:
+        return messages  # the reducer raises, saying what is wrong
+    if redactor is None:
+        return tuple(plain)
+    return tuple(redact_messages(redactor, plain))
 
 
 def _note_action(audit: SegmentAudit, input: Any) -> None:
@@ -200,7 +240,7 @@ def _note_action(audit: SegmentAudit, input: Any) -> None:
     if isinstance(input, Mapping) and input.get("messages") is not None:
         items = input["messages"]
         items = items if isinstance(items, list | tuple) else [items]
-        users = [m for m in items if isinstance(m, Mapping) and m.get("role") == "user"]
+        users = [m for m in map(_readable, items) if m is not None and m["role"] == "user"]
         text = users[-1].get("content") if users else None
         audit.add("send", input=text)
     elif isinstance(input, Command) and input.resume is not None:
@@ -209,6 +249,15 @@ def _note_action(audit: SegmentAudit, input: Any) -> None:
         audit.add("update")
     elif input is None:
         audit.add("retry")
+
+
+def _readable(m: Any) -> Message | None:
+    """`m` as a transcript dict (a parent graph's LangChain message too), or None for
+    what is no message; the reducer says why when it reads it."""
+    try:
+        return normalize_message(m)
+    except ValueError:
+        return None
 
 
 def build_graph(spec: AgentSpec) -> StateGraph[Any]:

@@ -191,7 +191,8 @@ async def test_a_support_thread_stops_for_approval_and_resumes_with_a_json_answe
     (request,) = value["requests"]
     assert request["tool"] == "refund"
     assert request["args"] == {"order_id": "A-1", "reason": "requested by the customer"}
-    assert out["messages"][0] == {"role": "user", "content": REFUND_REQUEST}
+    # Studio's message id is kept: its chat matches the thread's messages on it.
+    assert out["messages"][0] == {"role": "user", "content": REFUND_REQUEST, "id": human["id"]}
     assert [m["name"] for m in _tools(out)] == ["get_order"]  # the refund waits
     state = await client.threads.get_state(thread_id)
     assert state["next"] == ["approval"]
