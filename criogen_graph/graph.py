@@ -27,6 +27,7 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, GraphOutput, Overwrite
+from pydantic import BaseModel, TypeAdapter, create_model
 
 from criogen_graph._aio import uncancelled
 from criogen_graph.adapters.storage.base import SaverMixin
@@ -37,7 +38,12 @@ from criogen_graph.nodes.events import API_RUN
 from criogen_graph.nodes.model import ModelNode
 from criogen_graph.nodes.segment import SEGMENT_KEY, RunSegment
 from criogen_graph.nodes.spec import AgentSpec
-from criogen_graph.nodes.state import AgentState, as_langchain_message, normalize_message
+from criogen_graph.nodes.state import (
+    AgentInput,
+    AgentState,
+    as_langchain_message,
+    normalize_message,
+)
 from criogen_graph.nodes.tools import ToolsNode
 from criogen_graph.redact import Redactor, effective, redact_messages
 
@@ -68,6 +74,24 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
     runs, however LangGraph drives them, redact new input with the agent's policy, run
     `on_start` / `on_end` once per run segment, and keep audit records in the run's store
     when the checkpointer is not ours (see `criogen_graph.audit`)."""
+
+    def get_input_schema(self, config: RunnableConfig | None = None) -> type[BaseModel]:
+        """The input LangGraph's server and Studio offer (`AgentInput`): new messages and
+        the run state, not the graph's own `run` channel."""
+        if getattr(self.builder, "spec", None) is None:
+            return super().get_input_schema(config)
+        fields: dict[str, Any] = {
+            "messages": (list[Message] | None, None),
+            "state": (dict[str, Any] | None, None),
+        }
+        model: type[BaseModel] = create_model(self.get_name("Input"), **fields)
+        return model
+
+    def get_input_jsonschema(self, config: RunnableConfig | None = None) -> dict[str, Any]:
+        if getattr(self.builder, "spec", None) is None:
+            return super().get_input_jsonschema(config)
+        schema: dict[str, Any] = TypeAdapter(AgentInput).json_schema()
+        return schema
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         """LangGraph's `ainvoke`; run inside another LangGraph graph (as its node, or

@@ -12,9 +12,10 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, TypedDict, cast
+from typing import Annotated, Any, cast
 
 from langgraph.channels.delta import DeltaChannel
+from typing_extensions import TypedDict
 
 from criogen_graph.messages import (
     Message,
@@ -297,6 +298,14 @@ class AgentState(TypedDict, total=False):
 
     messages: Annotated[list[Message], DeltaChannel(append_messages)]
     run: Annotated[RunRecord, merge_run]
+    state: dict[str, Any]
+
+
+class AgentInput(TypedDict, total=False):
+    """What a caller gives the graph (the JSON schema LangGraph's server and Studio show
+    as the input form): new messages and the run state. `run` is the graph's own."""
+
+    messages: list[Message]
     state: dict[str, Any]
 
 
