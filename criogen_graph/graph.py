@@ -30,11 +30,13 @@ from langgraph.types import Command, GraphOutput, Overwrite
 from pydantic import BaseModel, TypeAdapter, create_model
 
 from criogen_graph._aio import uncancelled
+from criogen_graph._observe import run_spans
 from criogen_graph.adapters.storage.base import SaverMixin
+from criogen_graph.adapters.telemetry import Spans
 from criogen_graph.audit import SegmentAudit, answer_action
 from criogen_graph.messages import Message
 from criogen_graph.nodes.approval import ApprovalNode
-from criogen_graph.nodes.events import API_RUN
+from criogen_graph.nodes.events import API_RUN, CUSTOM_STREAM
 from criogen_graph.nodes.model import ModelNode
 from criogen_graph.nodes.segment import SEGMENT_KEY, RunSegment
 from criogen_graph.nodes.spec import AgentSpec
@@ -52,6 +54,8 @@ __all__ = ["AgentGraph", "AgentState", "build_graph"]
 _CHECKPOINTER = "__pregel_checkpointer"
 _RUNTIME = "__pregel_runtime"
 _CHECKPOINT_NS = "checkpoint_ns"
+#: Where a parent graph that streams its subgraphs hands them its stream (with its modes).
+_PARENT_STREAM = "__pregel_stream"
 
 
 class _AgentBuilder(StateGraph[Any]):
@@ -112,16 +116,19 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
         if spec is None:
             return super().astream(input, config, **kwargs)
         audit: SegmentAudit | None = None
+        spans: Spans | None = None
         if not API_RUN.get():
-            # Driven by LangGraph itself: our API redacts its input and keeps its audit
-            # trail before it gets here.
+            # Driven by LangGraph itself: our API redacts its input, keeps its audit
+            # trail and opens the run's span before it gets here.
             redactor = effective(spec.redact)
             input = _read_input(input, redactor)
             audit = self._store_audit(config, redactor)
             if audit is not None:
                 _note_action(audit, input)
+            config = self._with_listeners(config, kwargs)
+            spans = run_spans(spec)
         hooks = spec.hooks
-        if not hooks.on_start and not hooks.on_end and audit is None:
+        if not hooks.on_start and not hooks.on_end and audit is None and spans is None:
             configurable = (config or {}).get("configurable")
             if configurable and configurable.get(SEGMENT_KEY) is not None:
                 # Run inside another agent's segment (a subgraph): not ours to note.
@@ -130,7 +137,52 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
         seg = RunSegment(spec, note_records=audit is not None)
         config = {**(config or {})}
         config["configurable"] = {**(config.get("configurable") or {}), SEGMENT_KEY: seg}
+        if spans is not None:
+            return self._observed(spans, spec, input, config, kwargs, seg, audit)
         return self._segment(input, config, kwargs, seg, audit)
+
+    def _with_listeners(self, config: RunnableConfig | None, kwargs: dict[str, Any]) -> Any:
+        """`config` saying whether anyone reads LangGraph's `custom` stream mode (this
+        call's, or its parent graph's when that streams its subgraphs): if not, the
+        nodes build no events and no model streams for them (`nodes.events`)."""
+        modes = kwargs.get("stream_mode") or self.stream_mode
+        listened = "custom" in ((modes,) if isinstance(modes, str) else modes)
+        if not listened:
+            parent = (ensure_config(config).get("configurable") or {}).get(_PARENT_STREAM)
+            listened = "custom" in (getattr(parent, "modes", None) or ())
+        return {
+            **(config or {}),
+            "configurable": {**((config or {}).get("configurable") or {}), CUSTOM_STREAM: listened},
+        }
+
+    async def _observed(
+        self,
+        spans: Spans,
+        spec: AgentSpec,
+        input: Any,
+        config: RunnableConfig,
+        kwargs: dict[str, Any],
+        seg: RunSegment,
+        audit: SegmentAudit | None,
+    ) -> AsyncIterator[Any]:
+        """`_segment` in the run segment's `invoke_agent` span, as our API opens it."""
+        configurable = config.get("configurable") or {}
+        metadata = config.get("metadata") or {}
+        attributes = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": spec.name,
+            "gen_ai.conversation.id": configurable.get("thread_id"),
+            "criogen.action": _action(input),
+            "criogen.actor": configurable.get("actor") or metadata.get("actor"),
+        }
+        with spans.span(f"invoke_agent {spec.name}", attributes) as span:
+            try:
+                async for chunk in self._segment(input, config, kwargs, seg, audit):
+                    yield chunk
+            except BaseException as exc:
+                spans.set(span, _span_end(seg, seg.outcome_after(exc)))
+                raise
+            spans.set(span, _span_end(seg, seg.outcome_after(None)))
 
     async def _segment(
         self,
@@ -205,6 +257,28 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
         if store is None:
             return None
         return SegmentAudit(store, str(thread_id), actor, redactor)
+
+
+def _action(input: Any) -> str:
+    """What started a segment LangGraph drives, as our API names it."""
+    if isinstance(input, Command):
+        return answer_action(input.resume) if input.resume is not None else "update"
+    return "retry" if input is None else "send"
+
+
+def _span_end(seg: RunSegment, outcome: str) -> dict[str, Any]:
+    """The `invoke_agent` span's closing attributes, from what the nodes noted."""
+    run = seg.run
+    usage = run.get("usage") or {}
+    return {
+        "criogen.outcome": outcome,
+        "criogen.stop_reason": run.get("stop_reason"),
+        "criogen.run_id": seg.run_id or run.get("run_id"),
+        "gen_ai.usage.input_tokens": usage.get("input_tokens", 0),
+        "gen_ai.usage.output_tokens": usage.get("output_tokens", 0),
+        "criogen.model_calls": run.get("model_calls", 0),
+        "criogen.tool_calls": run.get("tool_calls", 0),
+    }
 
 
 def _in_parent_graph(config: RunnableConfig | None) -> bool:

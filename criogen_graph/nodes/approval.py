@@ -58,10 +58,7 @@ def check_decisions(
 
 def _per_call(answer: Any, by_id: dict[str, dict[str, Any]]) -> Mapping[Any, Any]:
     """`answer` as a mapping that decides every pending call and nothing else."""
-    if isinstance(answer, Mapping) and "decisions" in answer and "decisions" not in by_id:
-        answer = _in_call_order(answer["decisions"], by_id, '{"decisions": [...]}')
-    elif isinstance(answer, list | tuple):
-        answer = _in_call_order(answer, by_id, "a list of decisions")
+    answer = _listed(answer, by_id)
     if isinstance(answer, str | Decision) or (isinstance(answer, Mapping) and "type" in answer):
         answer = _for_all(Decision.coerce(answer), by_id)
     if not isinstance(answer, Mapping):
@@ -82,6 +79,16 @@ def _per_call(answer: Any, by_id: dict[str, dict[str, Any]]) -> Mapping[Any, Any
             f"({', '.join(by_id[k]['tool'] for k in missing)}); decide every pending call",
             code="missing",
         )
+    return answer
+
+
+def _listed(answer: Any, by_id: dict[str, dict[str, Any]]) -> Any:
+    """Decisions given in call order (LangChain's `{"decisions": [...]}`, a list) keyed
+    by call id; any other answer as it is."""
+    if isinstance(answer, Mapping) and "decisions" in answer and "decisions" not in by_id:
+        return _in_call_order(answer["decisions"], by_id, '{"decisions": [...]}')
+    if isinstance(answer, list | tuple):
+        return _in_call_order(answer, by_id, "a list of decisions")
     return answer
 
 

@@ -124,43 +124,55 @@ def as_langchain_message(m: Mapping[str, Any]) -> Any:
     `additional_kwargs["criogen"]`, and `normalize_message` reads it back. A message
     without an id gets one that does not change between conversions (a tool result's
     comes from its call id), so a parent graph replaces it instead of adding it twice."""
-    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+    from langchain_core.messages import HumanMessage, SystemMessage
 
     role = m.get("role")
-    content = m.get("content")
-    if content is None:
-        content = ""
     extra = {k: v for k, v in m.items() if k not in _LC_FIELDS}
     msg_id = m.get("id") or _stable_id(m)
-    kwargs: dict[str, Any] = {}
     if role == "assistant":
-        calls = list(m.get("tool_calls") or ())
-        if any(set(c) - _CALL_FIELDS for c in calls):
-            extra["tool_calls"] = calls
-        if extra:
-            kwargs[CRIOGEN_KEY] = extra
-        lc_calls = [
-            {"id": c.get("id"), "name": c.get("name"), "args": c.get("args") or {}} for c in calls
-        ]
-        return AIMessage(content, tool_calls=lc_calls, id=msg_id, additional_kwargs=kwargs)
-    if extra:
-        kwargs[CRIOGEN_KEY] = extra
+        return _lc_assistant(m, extra, msg_id)
     if role == "tool":
-        status = "success" if m.get("status", "ok") in ("ok", "skipped") else "error"
-        return ToolMessage(
-            content,
-            tool_call_id=str(m.get("tool_call_id") or ""),
-            name=m.get("name"),
-            status=status,
-            artifact=m.get("artifact"),
-            id=msg_id,
-            additional_kwargs=kwargs,
-        )
+        return _lc_tool(m, extra, msg_id)
+    kwargs = {CRIOGEN_KEY: extra} if extra else {}
+    content = m.get("content")
+    content = "" if content is None else content
     if role == "system":
         return SystemMessage(content, id=msg_id, additional_kwargs=kwargs)
     if role == "user":
         return HumanMessage(content, id=msg_id, additional_kwargs=kwargs)
     raise ValueError(f"cannot convert a message with role {role!r} to a LangChain message")
+
+
+def _lc_assistant(m: Mapping[str, Any], extra: dict[str, Any], msg_id: str) -> Any:
+    from langchain_core.messages import AIMessage
+
+    calls = list(m.get("tool_calls") or ())
+    if any(set(c) - _CALL_FIELDS for c in calls):
+        extra["tool_calls"] = calls
+    lc_calls = [
+        {"id": c.get("id"), "name": c.get("name"), "args": c.get("args") or {}} for c in calls
+    ]
+    return AIMessage(
+        m.get("content") or "",
+        tool_calls=lc_calls,
+        id=msg_id,
+        additional_kwargs={CRIOGEN_KEY: extra} if extra else {},
+    )
+
+
+def _lc_tool(m: Mapping[str, Any], extra: dict[str, Any], msg_id: str) -> Any:
+    from langchain_core.messages import ToolMessage
+
+    content = m.get("content")
+    return ToolMessage(
+        "" if content is None else content,
+        tool_call_id=str(m.get("tool_call_id") or ""),
+        name=m.get("name"),
+        status="success" if m.get("status", "ok") in ("ok", "skipped") else "error",
+        artifact=m.get("artifact"),
+        id=msg_id,
+        additional_kwargs={CRIOGEN_KEY: extra} if extra else {},
+    )
 
 
 def _stable_id(m: Mapping[str, Any]) -> str:
