@@ -179,3 +179,25 @@ async def test_a_langgraph_driven_run_has_its_invoke_agent_span() -> None:
     assert len(chats) == 2
     assert run.context is not None
     assert all(c.parent is not None and c.parent.span_id == run.context.span_id for c in chats)
+
+
+async def test_a_context_handler_sees_one_chat_model_run_per_model_call() -> None:
+    """Handlers LangChain adds from context (`register_configure_hook`, as
+    `get_openai_callback()` and `collect_runs()` do) and `tracing_v2_enabled()` see the
+    model node's run only, not the chat model's own too."""
+    from contextvars import ContextVar
+
+    from langchain_core.tracers.context import register_configure_hook
+
+    var: ContextVar[ChatRuns | None] = ContextVar("criogen_test_context_handler", default=None)
+    register_configure_hook(var, True)
+    handler = ChatRuns()
+    token = var.set(handler)
+    try:
+        await Agent(_two_turns(), tools=[add]).graph.ainvoke(_start("What is 2 + 3?"))
+        assert len(handler.started) == 2
+        handler.started.clear()
+        await Agent(_two_turns(), tools=[add]).run("What is 2 + 3?")
+        assert len(handler.started) == 2
+    finally:
+        var.reset(token)

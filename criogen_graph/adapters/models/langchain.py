@@ -4,7 +4,9 @@ ways, usage mapped, failures classified into `ModelError` kinds."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from criogen_graph._retry_after import retry_after_from_headers
@@ -132,11 +134,25 @@ class LangChainModel(Model):
 _NO_CALLBACKS: dict[str, Any] = {"callbacks": []}
 
 
-def _own_runs_off() -> Any:
-    """No LangSmith tracer from the environment for the chat model's own run either."""
+@contextlib.contextmanager
+def _own_runs_off() -> Iterator[None]:
+    """No handler for the chat model's own run either: none LangChain adds from context
+    (`register_configure_hook`: `get_openai_callback()`, `collect_runs()`,
+    `tracing_v2_enabled()`), and no LangSmith tracer from the environment."""
+    from langchain_core.tracers import context as lc_context
     from langsmith.run_helpers import tracing_context
 
-    return tracing_context(enabled=False)
+    # LangChain's registry of those context variables has no public accessor; without
+    # it (another version) only the LangSmith tracer is turned off.
+    hooks = [entry[0] for entry in getattr(lc_context, "_configure_hooks", ())]
+    hooks.append(lc_context.tracing_v2_callback_var)
+    tokens = [(var, var.set(None)) for var in hooks]
+    try:
+        with tracing_context(enabled=False):
+            yield
+    finally:
+        for var, token in reversed(tokens):
+            var.reset(token)
 
 
 def to_langchain_messages(
