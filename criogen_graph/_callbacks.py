@@ -208,6 +208,14 @@ def _streaming(handler: Any) -> bool:
     return hasattr(type(handler), "tap_output_aiter")
 
 
+def wants_tokens() -> bool:
+    """Whether a handler of the node run asks for streamed output (LangGraph's `messages`
+    stream mode, `astream_events`): then the model streams even when no other sink reads
+    its text, as LangChain's chat models do for such a handler."""
+    manager = _manager(_chat_listener)
+    return manager is not None and any(_streaming(h) for h in manager.handlers)
+
+
 def token_sink(sink: Callable[[str], None] | None) -> Callable[[str], None] | None:
     """`sink` (a model request's `on_text`), also passing each piece of text to the
     chat-model run that `report_chat` has open, as `on_llm_new_token` (redacted with the

@@ -22,20 +22,31 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import ensure_config
 from langgraph.errors import GraphBubbleUp
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
-from langgraph.types import Command, Overwrite, StateUpdate
+from langgraph.types import Command, GraphOutput, Overwrite, StateUpdate
+from pydantic import BaseModel, TypeAdapter, create_model
 
 from criogen_graph._aio import uncancelled
+from criogen_graph._observe import run_spans
 from criogen_graph.adapters.storage.base import SaverMixin
+from criogen_graph.adapters.telemetry import Spans
 from criogen_graph.audit import SegmentAudit, answer_action
+from criogen_graph.messages import Message
 from criogen_graph.nodes.approval import ApprovalNode
-from criogen_graph.nodes.events import API_RUN
+from criogen_graph.nodes.events import API_RUN, CUSTOM_STREAM
 from criogen_graph.nodes.model import ModelNode
 from criogen_graph.nodes.segment import SEGMENT_KEY, RunSegment
 from criogen_graph.nodes.spec import AgentSpec
-from criogen_graph.nodes.state import AgentState, admitted
+from criogen_graph.nodes.state import (
+    AgentInput,
+    AgentState,
+    admitted,
+    as_langchain_message,
+    normalize_message,
+)
 from criogen_graph.nodes.tools import ToolsNode
 from criogen_graph.redact import Redactor, effective
 
@@ -43,6 +54,9 @@ __all__ = ["AgentGraph", "AgentState", "build_graph"]
 
 _CHECKPOINTER = "__pregel_checkpointer"
 _RUNTIME = "__pregel_runtime"
+_CHECKPOINT_NS = "checkpoint_ns"
+#: Where a parent graph that streams its subgraphs hands them its stream (with its modes).
+_PARENT_STREAM = "__pregel_stream"
 
 
 class _AgentBuilder(StateGraph[Any]):
@@ -66,6 +80,36 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
     `on_start` / `on_end` once per run segment, and keep audit records in the run's store
     when the checkpointer is not ours (see `criogen_graph.audit`)."""
 
+    def get_input_schema(self, config: RunnableConfig | None = None) -> type[BaseModel]:
+        """The input LangGraph's server and Studio offer (`AgentInput`): new messages and
+        the run state, not the graph's own `run` channel."""
+        if getattr(self.builder, "spec", None) is None:
+            return super().get_input_schema(config)
+        fields: dict[str, Any] = {
+            "messages": (list[Message] | None, None),
+            "state": (dict[str, Any] | None, None),
+        }
+        model: type[BaseModel] = create_model(self.get_name("Input"), **fields)
+        return model
+
+    def get_input_jsonschema(self, config: RunnableConfig | None = None) -> dict[str, Any]:
+        if getattr(self.builder, "spec", None) is None:
+            return super().get_input_jsonschema(config)
+        schema: dict[str, Any] = TypeAdapter(AgentInput).json_schema()
+        return schema
+
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        """LangGraph's `ainvoke`; run inside another LangGraph graph (as its node, or
+        from a node's code), the messages it returns are LangChain messages, as the
+        parent's `add_messages` (`MessagesState`) takes them (see
+        `nodes.state.as_langchain_message`)."""
+        out = await super().ainvoke(input, config, **kwargs)
+        if API_RUN.get() or not _in_parent_graph(config):
+            return out
+        if isinstance(out, GraphOutput):
+            return GraphOutput(_for_parent(out.value), out.interrupts)
+        return _for_parent(out)
+
     def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
@@ -73,17 +117,19 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
         if spec is None:
             return super().astream(input, config, **kwargs)
         audit: SegmentAudit | None = None
+        spans: Spans | None = None
         if not API_RUN.get():
-            # Driven by LangGraph itself: our API redacts its input and keeps its audit
-            # trail before it gets here.
+            # Driven by LangGraph itself: our API redacts its input, keeps its audit
+            # trail and opens the run's span before it gets here.
             redactor = effective(spec.redact)
-            if redactor is not None:
-                input = _redacted_input(input, redactor)
+            input = _read_input(input, redactor)
             audit = self._store_audit(config, redactor)
             if audit is not None:
                 _note_action(audit, input)
+            config = self._with_listeners(config, kwargs)
+            spans = run_spans(spec)
         hooks = spec.hooks
-        if not hooks.on_start and not hooks.on_end and audit is None:
+        if not hooks.on_start and not hooks.on_end and audit is None and spans is None:
             configurable = (config or {}).get("configurable")
             if configurable and configurable.get(SEGMENT_KEY) is not None:
                 # Run inside another agent's segment (a subgraph): not ours to note.
@@ -92,6 +138,8 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
         seg = RunSegment(spec, note_records=audit is not None)
         config = {**(config or {})}
         config["configurable"] = {**(config.get("configurable") or {}), SEGMENT_KEY: seg}
+        if spans is not None:
+            return self._observed(spans, spec, input, config, kwargs, seg, audit)
         return self._segment(input, config, kwargs, seg, audit)
 
     def bulk_update_state(
@@ -115,13 +163,56 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
             return supersteps
         return [
             [
-                u._replace(values=_redacted_input(u.values, redactor))
+                u._replace(values=_read_input(u.values, redactor))
                 if isinstance(u.values, Mapping)
                 else u
                 for u in step
             ]
             for step in supersteps
         ]
+
+    def _with_listeners(self, config: RunnableConfig | None, kwargs: dict[str, Any]) -> Any:
+        """`config` saying whether anyone reads LangGraph's `custom` stream mode (this
+        call's, or its parent graph's when that streams its subgraphs): if not, the
+        nodes build no events and no model streams for them (`nodes.events`)."""
+        modes = kwargs.get("stream_mode") or self.stream_mode
+        listened = "custom" in ((modes,) if isinstance(modes, str) else modes)
+        if not listened:
+            parent = (ensure_config(config).get("configurable") or {}).get(_PARENT_STREAM)
+            listened = "custom" in (getattr(parent, "modes", None) or ())
+        return {
+            **(config or {}),
+            "configurable": {**((config or {}).get("configurable") or {}), CUSTOM_STREAM: listened},
+        }
+
+    async def _observed(
+        self,
+        spans: Spans,
+        spec: AgentSpec,
+        input: Any,
+        config: RunnableConfig,
+        kwargs: dict[str, Any],
+        seg: RunSegment,
+        audit: SegmentAudit | None,
+    ) -> AsyncIterator[Any]:
+        """`_segment` in the run segment's `invoke_agent` span, as our API opens it."""
+        configurable = config.get("configurable") or {}
+        metadata = config.get("metadata") or {}
+        attributes = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": spec.name,
+            "gen_ai.conversation.id": configurable.get("thread_id"),
+            "criogen.action": _action(input),
+            "criogen.actor": configurable.get("actor") or metadata.get("actor"),
+        }
+        with spans.span(f"invoke_agent {spec.name}", attributes) as span:
+            try:
+                async for chunk in self._segment(input, config, kwargs, seg, audit):
+                    yield chunk
+            except BaseException as exc:
+                spans.set(span, _span_end(seg, seg.outcome_after(exc)))
+                raise
+            spans.set(span, _span_end(seg, seg.outcome_after(None)))
 
     async def _segment(
         self,
@@ -198,14 +289,55 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
         return SegmentAudit(store, str(thread_id), actor, redactor)
 
 
-def _redacted_input(input: Any, redactor: Redactor) -> Any:
-    """New messages and approval answers with the agent's policy applied, before
-    LangGraph keeps them (in the state, the input checkpoint, the resume write)."""
+def _action(input: Any) -> str:
+    """What started a segment LangGraph drives, as our API names it."""
+    if isinstance(input, Command):
+        return answer_action(input.resume) if input.resume is not None else "update"
+    return "retry" if input is None else "send"
+
+
+def _span_end(seg: RunSegment, outcome: str) -> dict[str, Any]:
+    """The `invoke_agent` span's closing attributes, from what the nodes noted."""
+    run = seg.run
+    usage = run.get("usage") or {}
+    return {
+        "criogen.outcome": outcome,
+        "criogen.stop_reason": run.get("stop_reason"),
+        "criogen.run_id": seg.run_id or run.get("run_id"),
+        "gen_ai.usage.input_tokens": usage.get("input_tokens", 0),
+        "gen_ai.usage.output_tokens": usage.get("output_tokens", 0),
+        "criogen.model_calls": run.get("model_calls", 0),
+        "criogen.tool_calls": run.get("tool_calls", 0),
+    }
+
+
+def _in_parent_graph(config: RunnableConfig | None) -> bool:
+    """Whether the graph runs inside a parent LangGraph graph: its config (or the one
+    LangGraph set in context for the node that calls it) names a parent namespace."""
+    configurable = ensure_config(config).get("configurable") or {}
+    return bool(configurable.get(_CHECKPOINT_NS))
+
+
+def _for_parent(values: Any) -> Any:
+    """The output values with their messages as LangChain messages."""
+    if not isinstance(values, Mapping):
+        return values
+    messages = values.get("messages")
+    if not isinstance(messages, list | tuple):
+        return values
+    return {**values, "messages": [as_langchain_message(m) for m in messages]}
+
+
+def _read_input(input: Any, redactor: Redactor | None) -> Any:
+    """New messages as transcript dicts (a tuple: LangGraph gives the message dicts of a
+    *list* written to a channel made-up ids, and turns them into LangChain messages), and
+    with approval answers, with the agent's policy applied, before LangGraph keeps them
+    (in the state, the input checkpoint, the resume write)."""
     if isinstance(input, Mapping) and input.get("messages") is not None:
-        return {**input, "messages": _redacted_messages(input["messages"], redactor)}
+        return {**input, "messages": _read_messages(input["messages"], redactor)}
     if isinstance(input, Command):
         resume = input.resume
-        if resume is not None:
+        if resume is not None and redactor is not None:
             # The values only: the keys are call ids (or interrupt ids) to match.
             if isinstance(resume, Mapping):
                 resume = {k: redactor.redact_value(v) for k, v in resume.items()}
@@ -213,16 +345,21 @@ def _redacted_input(input: Any, redactor: Redactor) -> Any:
                 resume = redactor.redact_value(resume)
         update = input.update
         if isinstance(update, Mapping) and update.get("messages") is not None:
-            update = {**update, "messages": _redacted_messages(update["messages"], redactor)}
+            update = {**update, "messages": _read_messages(update["messages"], redactor)}
         return Command(graph=input.graph, update=update, resume=resume, goto=input.goto)
     return input
 
 
-def _redacted_messages(messages: Any, redactor: Redactor) -> Any:
+def _read_messages(messages: Any, redactor: Redactor | None) -> Any:
     if isinstance(messages, Overwrite):
-        return Overwrite(list(_redacted_messages(messages.value, redactor)))
+        if redactor is None:
+            return messages  # a replaced transcript: the reducer is not asked
+        return Overwrite(list(_read_messages(messages.value, redactor)))
     items = messages if isinstance(messages, list | tuple) else [messages]
-    return tuple(admitted(items, redactor))
+    try:
+        return tuple(admitted(items, redactor))
+    except ValueError:
+        return messages  # the reducer raises, saying what is wrong
 
 
 def _note_action(audit: SegmentAudit, input: Any) -> None:
@@ -230,7 +367,7 @@ def _note_action(audit: SegmentAudit, input: Any) -> None:
     if isinstance(input, Mapping) and input.get("messages") is not None:
         items = input["messages"]
         items = items if isinstance(items, list | tuple) else [items]
-        users = [m for m in items if isinstance(m, Mapping) and m.get("role") == "user"]
+        users = [m for m in map(_readable, items) if m is not None and m["role"] == "user"]
         text = users[-1].get("content") if users else None
         audit.add("send", input=text)
     elif isinstance(input, Command) and input.resume is not None:
@@ -239,6 +376,15 @@ def _note_action(audit: SegmentAudit, input: Any) -> None:
         audit.add("update")
     elif input is None:
         audit.add("retry")
+
+
+def _readable(m: Any) -> Message | None:
+    """`m` as a transcript dict (a parent graph's LangChain message too), or None for
+    what is no message; the reducer says why when it reads it."""
+    try:
+        return normalize_message(m)
+    except ValueError:
+        return None
 
 
 def build_graph(spec: AgentSpec) -> StateGraph[Any]:

@@ -11,7 +11,11 @@ or reads.
 This module imports nothing of the package, so any module may use it.
 """
 
-from typing import Any, Literal, NotRequired, TypeAlias, TypedDict
+from typing import Any, Literal, NotRequired, TypeAlias
+
+# Not `typing.TypedDict`: pydantic (LangGraph's JSON schemas of the graph, which Studio
+# reads) refuses it below Python 3.12.
+from typing_extensions import TypedDict
 
 __all__ = [
     "AssistantMessage",

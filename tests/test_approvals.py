@@ -381,3 +381,89 @@ async def test_a_reject_reason_ending_in_a_period_reads_cleanly() -> None:
         "A reviewer rejected this call to refund: Refunded already. Do not retry it; "
         "continue without it."
     )
+
+
+def _three_refunds() -> tuple[Agent[Any], Ledger]:
+    ledger: Ledger = []
+    script, _ = scripted(
+        ("lookup", {"order_id": "Z-9"}),
+        ("refund", {"order_id": "A-1", "amount": 100}),
+        ("refund", {"order_id": "B-2", "amount": 50}),
+        ("partial_refund", {"order_id": "C-3", "amount": 10}),
+    )
+    return make_agent(Storage("memory://"), ledger, script), ledger
+
+
+@pytest.mark.parametrize("shape", ["decisions", "list"])
+async def test_langchain_hitl_decisions_resume_the_graph_in_call_order(shape: str) -> None:
+    """What `create_agent`'s `HumanInTheLoopMiddleware` resumes with,
+    `{"decisions": [...]}` (one per pending call, in call order), and the bare list."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    agent, ledger = _three_refunds()
+    graph = agent.graph.builder.compile(checkpointer=InMemorySaver())
+    cfg: Any = {"configurable": {"thread_id": f"hitl-{shape}"}}
+    out = await graph.ainvoke({"messages": [("user", "refund all")]}, cfg, version="v2")
+    (pending,) = out.interrupts
+    assert [r["tool"] for r in pending.value["requests"]] == ["refund", "refund", "partial_refund"]
+    decisions: list[dict[str, Any]] = [
+        {"type": "approve"},
+        {
+            "type": "edit",
+            "edited_action": {"name": "partial_refund", "args": {"order_id": "B-2", "amount": 20}},
+        },
+        {"type": "reject", "message": "over the limit"},
+    ]
+    answer: Any = {"decisions": decisions} if shape == "decisions" else decisions
+    out = await graph.ainvoke(Command(resume=answer), cfg, version="v2")
+    assert out.interrupts == ()
+    assert sorted(ledger) == ["lookup Z-9", "partial B-2 20", "refund A-1 100"]
+    results = [m for m in out.value["messages"] if m["role"] == "tool"]
+    assert [(m["name"], m["status"]) for m in results] == [
+        ("lookup", "ok"),
+        ("refund", "ok"),
+        ("refund", "ok"),
+        ("partial_refund", "rejected"),
+    ]
+    assert results[2]["decision"] == "edit" and results[2]["tool"] == "partial_refund"
+    assert "over the limit" in results[3]["content"]
+
+
+async def test_langchain_hitl_decisions_that_do_not_fit_are_asked_again() -> None:
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    agent, ledger = _three_refunds()
+    graph = agent.graph.builder.compile(checkpointer=InMemorySaver())
+    cfg: Any = {"configurable": {"thread_id": "hitl-bad"}}
+    await graph.ainvoke({"messages": [("user", "refund all")]}, cfg)
+    for bad, why in [
+        ({"decisions": [{"type": "approve"}]}, "3 pending calls"),
+        ([{"type": "approve"}] * 4, "3 pending calls"),
+        ({"decisions": "approve"}, "a list"),
+        (
+            {"decisions": [{"type": "edit"}, {"type": "approve"}, {"type": "approve"}]},
+            "edited_action",
+        ),
+        (
+            {"decisions": [{"type": "edit", "edited_action": {"args": {"order_id": 1}}}] * 3},
+            "do not fit",
+        ),
+    ]:
+        out = await graph.ainvoke(Command(resume=bad), cfg, version="v2")
+        (again,) = out.interrupts
+        assert why in again.value["error"], (bad, again.value["error"])
+    assert ledger == []
+
+    # Our own API takes the same shapes.
+    thread_agent, ledger = _three_refunds()
+    thread = thread_agent.thread("hitl-thread")
+    await thread.send("refund all")
+    with pytest.raises(ValidationError, match="3 pending calls"):
+        await thread.decide({"decisions": [Decision.approve()]})
+    done = await thread.decide(
+        {"decisions": [{"type": "approve"}, {"type": "reject"}, {"type": "approve"}]}
+    )
+    assert sorted(ledger) == ["lookup Z-9", "partial C-3 10", "refund A-1 100"]
+    assert done.text is not None

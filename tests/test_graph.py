@@ -141,13 +141,16 @@ async def test_a_new_message_instead_of_an_approval_answers_the_pending_calls() 
 
 
 async def test_raw_inputs_work_like_studio_sends_them() -> None:
-    agent = Agent(FakeModel(["hello", "again"]))
+    agent = Agent(FakeModel(["hello", "again", "and again"]))
     out = await agent.graph.ainvoke({"messages": [{"role": "user", "content": "hi"}]})
     assert out["messages"][-1]["content"] == "hello"
     assert out["run"]["stop_reason"] == "final_answer" and out["run"]["model_calls"] == 1
-    # LangChain-style messages (Studio's chat) become plain dicts
+    # LangChain-style messages (Studio's chat) become plain dicts; an id they come with
+    # is kept (Studio's chat, a parent graph's `add_messages`, match on it)
     out = await agent.graph.ainvoke({"messages": [{"type": "human", "content": "hey"}]})
     assert out["messages"][0] == {"role": "user", "content": "hey"}
+    out = await agent.graph.ainvoke({"messages": [{"type": "human", "content": "yo", "id": "h1"}]})
+    assert out["messages"][0] == {"role": "user", "content": "yo", "id": "h1"}
 
 
 async def test_hooks_run_inside_the_nodes() -> None:

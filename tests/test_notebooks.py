@@ -110,6 +110,19 @@ def test_the_notebooks_are_there() -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_notebooks_install_lines_install_from_the_checkout(path: Path) -> None:
+    """The package is on no index: what a notebook tells a newcomer to run installs it
+    from this checkout, with the venv's tools."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        for line in "".join(cell["source"]).splitlines():
+            if "pip install" not in line:
+                continue
+            assert re.search(r"\.venv/bin/pip install (-q )?-e ['\"]?\.", line), (path.name, line)
+            assert "criogen-graph[" not in line, (path.name, line)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_is_kept_without_outputs(path: Path) -> None:
     nb = json.loads(path.read_text(encoding="utf-8"))
     assert nb["nbformat"] == 4

@@ -173,6 +173,22 @@ async def test_the_server_lists_the_examples_and_draws_their_graphs(
         assert (await http.get(f"{dev_server.url}/docs")).status_code == 200
 
 
+async def test_the_server_reports_an_input_schema_for_each_graph(
+    client: Any, dev_server: DevServer
+) -> None:
+    """What Studio builds its input form from: on Python 3.11 too, without the graph's
+    internal `run` channel."""
+    assistants = await client.assistants.search(limit=20)
+    graphs = {a["graph_id"]: a["assistant_id"] for a in assistants}
+    assert {"support", "memory", "docs"} <= set(graphs)
+    for graph_id, assistant_id in graphs.items():
+        schemas = await client.assistants.get_schemas(assistant_id)
+        assert schemas["input_schema"], (graph_id, schemas)
+        assert set(schemas["input_schema"]["properties"]) == {"messages", "state"}
+        assert "run" in schemas["output_schema"]["properties"]
+    assert "Failed to get input schema" not in dev_server.log.read_text(errors="replace")
+
+
 async def test_a_support_thread_stops_for_approval_and_resumes_with_a_json_answer(
     client: Any,
 ) -> None:
@@ -191,7 +207,8 @@ async def test_a_support_thread_stops_for_approval_and_resumes_with_a_json_answe
     (request,) = value["requests"]
     assert request["tool"] == "refund"
     assert request["args"] == {"order_id": "A-1", "reason": "requested by the customer"}
-    assert out["messages"][0] == {"role": "user", "content": REFUND_REQUEST}
+    # Studio's message id is kept: its chat matches the thread's messages on it.
+    assert out["messages"][0] == {"role": "user", "content": REFUND_REQUEST, "id": human["id"]}
     assert [m["name"] for m in _tools(out)] == ["get_order"]  # the refund waits
     state = await client.threads.get_state(thread_id)
     assert state["next"] == ["approval"]

@@ -301,16 +301,16 @@ async def test_streamed_text_is_reported_as_new_tokens_of_the_chat_model_run() -
 
 
 async def test_a_run_nobody_streams_reports_no_tokens_as_langchains_chat_models() -> None:
-    # `ainvoke`: the model node streams its text (to LangGraph's `custom` stream mode,
-    # which drops it), but no handler asks for a stream: no tokens, as a LangChain chat
-    # model run under `ainvoke` sends none.
+    # `ainvoke`: nobody reads LangGraph's `custom` stream mode and no handler asks for a
+    # stream: the model is not asked to stream, and no tokens are reported, as a
+    # LangChain chat model run under `ainvoke` sends none.
     answer = "Shipped on Monday."
     model = FakeModel([FakeReply.text(answer, chunks=["Shipped ", "on ", "Monday."])])
     handler = Recorder()
     await Agent(model).graph.ainvoke(start("where?"), {"callbacks": [handler]})
     assert len(handler.of("chat")) == len(handler.of("llm_end")) == 1
     assert handler.of("token") == []
-    assert model.calls[0].on_text is not None  # it did stream
+    assert model.calls[0].on_text is None  # nobody listened: it did not stream
 
 
 async def test_streamed_tokens_are_redacted_and_secrets_never_split() -> None:

@@ -35,7 +35,10 @@ def check_decisions(
 
     `answer` is `"approve"` / `"reject"` or one decision dict (for every pending call), or
     a mapping `call_id -> Decision | dict | "approve" | "reject"` covering every pending
-    call. Raises `ValidationError` naming what is wrong; nothing is changed.
+    call, or one decision per pending call in call order: a list, or LangChain's
+    `HumanInTheLoopMiddleware` shape `{"decisions": [...]}` (whose edits say
+    `{"type": "edit", "edited_action": {"name", "args"}}`). Raises `ValidationError`
+    naming what is wrong; nothing is changed.
 
     A reviewer's text follows the same redaction policy as the model's: an edit's
     arguments are redacted, as the model's tool-call arguments are, before they are
@@ -55,6 +58,7 @@ def check_decisions(
 
 def _per_call(answer: Any, by_id: dict[str, dict[str, Any]]) -> Mapping[Any, Any]:
     """`answer` as a mapping that decides every pending call and nothing else."""
+    answer = _listed(answer, by_id)
     if isinstance(answer, str | Decision) or (isinstance(answer, Mapping) and "type" in answer):
         answer = _for_all(Decision.coerce(answer), by_id)
     if not isinstance(answer, Mapping):
@@ -76,6 +80,53 @@ def _per_call(answer: Any, by_id: dict[str, dict[str, Any]]) -> Mapping[Any, Any
             code="missing",
         )
     return answer
+
+
+def _listed(answer: Any, by_id: dict[str, dict[str, Any]]) -> Any:
+    """Decisions given in call order (LangChain's `{"decisions": [...]}`, a list) keyed
+    by call id; any other answer as it is."""
+    if isinstance(answer, Mapping) and "decisions" in answer and "decisions" not in by_id:
+        return _in_call_order(answer["decisions"], by_id, '{"decisions": [...]}')
+    if isinstance(answer, list | tuple):
+        return _in_call_order(answer, by_id, "a list of decisions")
+    return answer
+
+
+def _in_call_order(decisions: Any, by_id: dict[str, dict[str, Any]], shape: str) -> dict[str, Any]:
+    """One decision per pending call, in call order (what LangChain's human-in-the-loop
+    middleware resumes with), keyed by call id."""
+    if not isinstance(decisions, list | tuple):
+        raise ValidationError(
+            f"{shape} needs a list of decisions, got {type(decisions).__name__}",
+            code="invalid_type",
+        )
+    if len(decisions) != len(by_id):
+        raise ValidationError(
+            f"{shape} has {len(decisions)} decision(s) for {len(by_id)} pending calls "
+            f"({', '.join(r['tool'] for r in by_id.values())}); give one per call, in order",
+            code="invalid_value",
+        )
+    return {cid: _from_langchain(d) for cid, d in zip(by_id, decisions, strict=True)}
+
+
+def _from_langchain(decision: Any) -> Any:
+    """A LangChain decision (`edited_action` for an edit) in our shape; others as they
+    are (`Decision.coerce` checks them)."""
+    if not isinstance(decision, Mapping) or decision.get("type") != "edit":
+        return decision
+    if "args" in decision:
+        return decision
+    action = decision.get("edited_action")
+    if not isinstance(action, Mapping):
+        raise ValidationError(
+            "an 'edit' decision needs edited_action {'name': ..., 'args': {...}} (or args)",
+            code="missing",
+        )
+    out = {k: v for k, v in decision.items() if k != "edited_action"}
+    out["args"] = action.get("args")
+    if action.get("name") is not None:
+        out["name"] = action["name"]
+    return out
 
 
 def _for_all(single: Decision, by_id: dict[str, dict[str, Any]]) -> dict[str, Decision]:

@@ -22,6 +22,10 @@ STREAM_SINK = "__criogen_stream_sink"
 #: drops them unless the caller asked for that mode.
 API_RUN: ContextVar[bool] = ContextVar("criogen_api_run", default=False)
 Writer = Callable[[Any], None]
+#: Set in the `configurable` of a run LangGraph drives (by the graph's `astream`): False
+#: when nobody reads LangGraph's `custom` stream mode, so the nodes build no events and
+#: models are not asked to stream for them.
+CUSTOM_STREAM = "__criogen_custom_stream"
 
 
 def stream_writer(config: RunnableConfig) -> Writer | None:
@@ -33,7 +37,7 @@ def stream_writer(config: RunnableConfig) -> Writer | None:
         # tool, in a hook) is a subgraph, with a nested namespace ("tools:..|model:..")
         # and the same `configurable`, and LangGraph's stream leaves subgraphs out too.
         return None if "|" in configurable.get("checkpoint_ns", "") else sink
-    if API_RUN.get():
+    if API_RUN.get() or configurable.get(CUSTOM_STREAM) is False:
         return None
     return get_stream_writer()
 

@@ -12,7 +12,7 @@ from typing import Any, cast
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command, Overwrite, Send
 
-from criogen_graph._callbacks import token_sink
+from criogen_graph._callbacks import token_sink, wants_tokens
 from criogen_graph._observe import run_redactor
 from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
 from criogen_graph.errors import ModelError, ValidationError
@@ -306,6 +306,8 @@ class ModelNode:
         msg_id = "msg_" + uuid.uuid4().hex
         redactor = run_redactor(spec)
         held = _sinks(request, None if self._hold_text else writer, redactor, msg_id)
+        if request.on_text is None and not self._hold_text and wants_tokens():
+            request.on_text = _no_text  # the chat-model run's handler reads the tokens
         # Ahead of the step's sinks: a retried attempt does not repeat tokens either.
         request.on_text = token_sink(request.on_text)
         step = Step(writer, request.on_text, request.on_reasoning)
@@ -546,6 +548,10 @@ def _sinks(
     held = RedactedText(redactor, emit), RedactedText(redactor, emit_reasoning)
     request.on_text, request.on_reasoning = held
     return held
+
+
+def _no_text(text: str) -> None:
+    pass
 
 
 def _record(run: RunRecord, response: ModelResponse, model: Model) -> None:

@@ -14,9 +14,10 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Annotated, Any, TypedDict, cast
+from typing import Annotated, Any, cast
 
 from langgraph.channels.delta import DeltaChannel
+from typing_extensions import TypedDict
 
 from criogen_graph.messages import (
     Message,
@@ -50,8 +51,10 @@ def normalize_message(m: object) -> Message:
     a LangChain message or its dict form (`{"type": "human", "content": ...}`, what
     LangGraph Studio sends).
 
-    This is where messages from outside (a caller, a hook, Studio, a checkpoint) enter the
-    transcript: a dict with a `role` is taken as the message it says it is."""
+    This is where messages from outside (a caller, a hook, Studio, a checkpoint, a parent
+    graph) enter the transcript: a dict with a `role` is taken as the message it says it
+    is. A LangChain message keeps its id (a parent graph's `add_messages` matches on it)
+    and the data `as_langchain_message` kept in `additional_kwargs["criogen"]`."""
     if type(m) is dict and "role" in m:
         if m["role"] == "assistant" and type(m.get("content")) is list:
             # An assistant message's content is its text (what `Reply.text`, typed
@@ -69,17 +72,18 @@ def normalize_message(m: object) -> Message:
         role = _LC_ROLES.get(kind) if isinstance(kind, str) else None
         if role is None:
             raise ValueError(f"a message needs a 'role' (user, assistant, tool, system): {m!r}")
-        return _from_langchain(
-            role, m.get("content", ""), m.get("tool_calls"), m.get("tool_call_id")
-        )
+        return _from_langchain(role, m.get("content", ""), m, m.get("id"))
     kind = getattr(m, "type", None)
     if kind in _LC_ROLES and hasattr(m, "content"):
-        return _from_langchain(
-            _LC_ROLES[kind],
-            m.content,
-            getattr(m, "tool_calls", None),
-            getattr(m, "tool_call_id", None),
-        )
+        parts = {
+            "tool_calls": getattr(m, "tool_calls", None),
+            "tool_call_id": getattr(m, "tool_call_id", None),
+            "name": getattr(m, "name", None),
+            "status": getattr(m, "status", None),
+            "artifact": getattr(m, "artifact", None),
+            "additional_kwargs": getattr(m, "additional_kwargs", None),
+        }
+        return _from_langchain(_LC_ROLES[kind], m.content, parts, getattr(m, "id", None))
     raise ValueError(f"cannot read {m!r} as a message")
 
 
@@ -92,16 +96,107 @@ def admitted(messages: Iterable[object], redactor: Redactor | None) -> list[Mess
     return redact_messages(redactor, out) if redactor is not None else out
 
 
-def _from_langchain(role: str, content: Any, calls: Any, call_id: Any) -> Message:
+def _from_langchain(role: str, content: Any, parts: Mapping[str, Any], msg_id: Any) -> Message:
     """A transcript message from the parts of a LangChain message (or its dict form)."""
     out: dict[str, Any] = {"role": role, "content": _lc_content(content)}
-    if calls:
+    kwargs = parts.get("additional_kwargs")
+    ours = kwargs.get(CRIOGEN_KEY) if isinstance(kwargs, Mapping) else None
+    ours = dict(ours) if isinstance(ours, Mapping) else {}
+    full_calls = ours.pop("tool_calls", None)
+    calls = parts.get("tool_calls")
+    if full_calls:
+        # Ours, with what LangChain's calls have no field for (`provider_id`, ...).
+        out["tool_calls"] = [dict(c) for c in full_calls]
+    elif calls:
         out["tool_calls"] = [
             {"id": c.get("id"), "name": c.get("name"), "args": c.get("args") or {}} for c in calls
         ]
-    if call_id:
-        out["tool_call_id"] = call_id
+    if role == "tool":
+        if parts.get("tool_call_id"):
+            out["tool_call_id"] = parts["tool_call_id"]
+        if parts.get("name"):
+            out["name"] = parts["name"]
+        if parts.get("status") == "error":
+            out["status"] = "error"
+        if parts.get("artifact") is not None:
+            out["artifact"] = parts["artifact"]
+    elif parts.get("tool_call_id"):
+        out["tool_call_id"] = parts["tool_call_id"]
+    out.update(ours)
+    if msg_id:
+        out["id"] = msg_id
     return cast(Message, out)
+
+
+#: Where `as_langchain_message` keeps what a LangChain message has no field for.
+CRIOGEN_KEY = "criogen"
+_LC_FIELDS = frozenset({"role", "content", "id", "tool_calls", "tool_call_id", "name", "artifact"})
+_CALL_FIELDS = frozenset({"id", "name", "args"})
+
+
+def as_langchain_message(m: Mapping[str, Any]) -> Any:
+    """A transcript message as the LangChain message LangGraph's `add_messages` (a
+    `MessagesState` parent graph) accepts: a tool result's status is `success` (the tool
+    ran and returned, or its call was skipped) or `error`; what LangChain has no field for
+    (our own `status`, `decision`, `usage`, a call's `provider_id`...) is kept in
+    `additional_kwargs["criogen"]`, and `normalize_message` reads it back. A message
+    without an id gets one that does not change between conversions (a tool result's
+    comes from its call id), so a parent graph replaces it instead of adding it twice."""
+    from langchain_core.messages import HumanMessage, SystemMessage
+
+    role = m.get("role")
+    extra = {k: v for k, v in m.items() if k not in _LC_FIELDS}
+    msg_id = m.get("id") or _stable_id(m)
+    if role == "assistant":
+        return _lc_assistant(m, extra, msg_id)
+    if role == "tool":
+        return _lc_tool(m, extra, msg_id)
+    kwargs = {CRIOGEN_KEY: extra} if extra else {}
+    content = m.get("content")
+    content = "" if content is None else content
+    if role == "system":
+        return SystemMessage(content, id=msg_id, additional_kwargs=kwargs)
+    if role == "user":
+        return HumanMessage(content, id=msg_id, additional_kwargs=kwargs)
+    raise ValueError(f"cannot convert a message with role {role!r} to a LangChain message")
+
+
+def _lc_assistant(m: Mapping[str, Any], extra: dict[str, Any], msg_id: str) -> Any:
+    from langchain_core.messages import AIMessage
+
+    calls = list(m.get("tool_calls") or ())
+    if any(set(c) - _CALL_FIELDS for c in calls):
+        extra["tool_calls"] = calls
+    lc_calls = [
+        {"id": c.get("id"), "name": c.get("name"), "args": c.get("args") or {}} for c in calls
+    ]
+    return AIMessage(
+        m.get("content") or "",
+        tool_calls=lc_calls,
+        id=msg_id,
+        additional_kwargs={CRIOGEN_KEY: extra} if extra else {},
+    )
+
+
+def _lc_tool(m: Mapping[str, Any], extra: dict[str, Any], msg_id: str) -> Any:
+    from langchain_core.messages import ToolMessage
+
+    content = m.get("content")
+    return ToolMessage(
+        "" if content is None else content,
+        tool_call_id=str(m.get("tool_call_id") or ""),
+        name=m.get("name"),
+        status="success" if m.get("status", "ok") in ("ok", "skipped") else "error",
+        artifact=m.get("artifact"),
+        id=msg_id,
+        additional_kwargs={CRIOGEN_KEY: extra} if extra else {},
+    )
+
+
+def _stable_id(m: Mapping[str, Any]) -> str:
+    if m.get("role") == "tool" and m.get("tool_call_id"):
+        return f"tool_{m['tool_call_id']}"
+    return str(uuid.uuid4())
 
 
 def append_messages(state: list[Message], writes: Sequence[Any]) -> list[Message]:
@@ -235,6 +330,14 @@ class AgentState(TypedDict, total=False):
     run: Annotated[RunRecord, merge_run]
     state: dict[str, Any]
     context: dict[str, Any]
+
+
+class AgentInput(TypedDict, total=False):
+    """What a caller gives the graph (the JSON schema LangGraph's server and Studio show
+    as the input form): new messages and the run state. `run` is the graph's own."""
+
+    messages: list[Message]
+    state: dict[str, Any]
 
 
 def new_run(run_id: str, hooks: dict[str, Any] | None = None) -> RunRecord:

@@ -4,7 +4,9 @@ ways, usage mapped, failures classified into `ModelError` kinds."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from criogen_graph._retry_after import retry_after_from_headers
@@ -36,7 +38,8 @@ class LangChainModel(Model):
 
     Tools are bound with `bind_tools`; typed output is asked for in the system message
     and parsed by the agent like any other answer (LangChain has no provider-neutral
-    native structured-output call that keeps tool calling). Streaming uses `astream`.
+    native structured-output call that keeps tool calling). The model streams
+    (`astream`) only when someone listens to its text, else it is invoked (`ainvoke`).
     """
 
     def __init__(self, chat_model: Any) -> None:
@@ -92,29 +95,64 @@ class LangChainModel(Model):
         messages = to_langchain_messages(request.messages, request.output_schema)
         runnable = self._runnable(request.tools)
         try:
-            if request.on_text is None:
-                ai = await runnable.ainvoke(messages)
-            else:
-                ai = None
-                async for chunk in runnable.astream(messages):
-                    text = chunk.text if isinstance(chunk.text, str) else chunk.text()
-                    if text:
-                        request.on_text(text)
-                    ai = chunk if ai is None else ai + chunk
-                if ai is None:
-                    raise ModelError(
-                        "the model streamed nothing",
-                        kind="transient",
-                        provider=self.provider,
-                        model=self.name,
-                    )
+            with _own_runs_off():
+                return await self._generate(runnable, messages, request)
         except ModelError:
             raise
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             raise classify_exception(exc, self.provider, self.name) from exc
+
+    async def _generate(
+        self, runnable: Any, messages: list[Any], request: ModelRequest
+    ) -> ModelResponse:
+        """One call: invoked, or streamed when someone listens to its text (the node sets
+        `on_text` only then). A streamed call reports usage only if the model is set to
+        (`ChatOpenAI(stream_usage=True)` for a server that is not OpenAI's)."""
+        if request.on_text is None:
+            ai = await runnable.ainvoke(messages, _NO_CALLBACKS)
+        else:
+            ai = None
+            async for chunk in runnable.astream(messages, _NO_CALLBACKS):
+                text = chunk.text if isinstance(chunk.text, str) else chunk.text()
+                if text:
+                    request.on_text(text)
+                ai = chunk if ai is None else ai + chunk
+            if ai is None:
+                raise ModelError(
+                    "the model streamed nothing",
+                    kind="transient",
+                    provider=self.provider,
+                    model=self.name,
+                )
         return from_langchain_message(ai)
+
+
+#: The chat model's own callback runs are off: the model node reports each call as one
+#: chat-model run (redacted, nested under the node), and handlers would see it twice.
+_NO_CALLBACKS: dict[str, Any] = {"callbacks": []}
+
+
+@contextlib.contextmanager
+def _own_runs_off() -> Iterator[None]:
+    """No handler for the chat model's own run either: none LangChain adds from context
+    (`register_configure_hook`: `get_openai_callback()`, `collect_runs()`,
+    `tracing_v2_enabled()`), and no LangSmith tracer from the environment."""
+    from langchain_core.tracers import context as lc_context
+    from langsmith.run_helpers import tracing_context
+
+    # LangChain's registry of those context variables has no public accessor; without
+    # it (another version) only the LangSmith tracer is turned off.
+    hooks = [entry[0] for entry in getattr(lc_context, "_configure_hooks", ())]
+    hooks.append(lc_context.tracing_v2_callback_var)
+    tokens = [(var, var.set(None)) for var in hooks]
+    try:
+        with tracing_context(enabled=False):
+            yield
+    finally:
+        for var, token in reversed(tokens):
+            var.reset(token)
 
 
 def to_langchain_messages(
