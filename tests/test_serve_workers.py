@@ -41,6 +41,8 @@ AGENTS = (
 )
 HEARTBEAT, STALLED_AFTER = "0.2", "1.0"
 INPUT = "messages"
+#: Every mode the server sends: the ids of the events then count 1, 2, 3, ... with no gap.
+ALL_MODES = ["values", "updates", "custom", "messages-tuple", "messages"]
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -193,7 +195,7 @@ async def test_a_run_streamed_from_one_server_is_executed_by_a_worker_and_answer
                 thread_id,
                 "bg-approver",
                 input={INPUT: [{"role": "user", "content": "nap please"}]},
-                stream_mode=["values", "updates", "custom"],
+                stream_mode=ALL_MODES,
             )
         ),
         60,
@@ -285,7 +287,7 @@ async def test_a_sigkilled_workers_run_is_finished_by_another_and_the_stream_end
         thread_id,
         "bg-agent",
         input={INPUT: [{"role": "user", "content": "kill"}]},
-        stream_mode=["values", "updates", "custom"],
+        stream_mode=ALL_MODES,
     )
     parts: list[Any] = []
 
