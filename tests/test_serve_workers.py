@@ -277,6 +277,26 @@ async def _until(what: Any, cluster: Cluster, limit: float = 60) -> None:
         await asyncio.sleep(0.02)
 
 
+async def test_a_run_a_worker_executes_is_cancelled_through_the_other_server(
+    cluster: Cluster, clients: tuple[Any, Any]
+) -> None:
+    a, b = clients
+    thread_id = (await a.threads.create())["thread_id"]
+    run = await a.runs.create(
+        thread_id, "bg-agent", input={INPUT: [{"role": "user", "content": "kill"}]}
+    )
+
+    async def slow_started() -> bool:
+        return any(e[0] == "slow-started" for e in _ledger(cluster, thread_id))
+
+    await _until(slow_started, cluster)
+    assert (await b.threads.get(thread_id))["status"] == "busy"
+    await asyncio.wait_for(b.runs.cancel(thread_id, run["run_id"], wait=True), 60)
+    assert (await a.runs.get(thread_id, run["run_id"]))["status"] == "interrupted"
+    assert "slow" not in [e[0] for e in _ledger(cluster, thread_id)]
+    assert (await a.threads.get(thread_id))["status"] != "busy"
+
+
 # Last: it leaves one worker and releases the shared `slow` tool for good.
 async def test_a_sigkilled_workers_run_is_finished_by_another_and_the_stream_ends_with_the_answer(
     cluster: Cluster, clients: tuple[Any, Any]
