@@ -22,6 +22,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -291,6 +292,15 @@ async def test_a_run_a_worker_executes_is_cancelled_through_the_other_server(
 
     await _until(slow_started, cluster)
     assert (await b.threads.get(thread_id))["status"] == "busy"
+    # Every server sees the run a worker executes: "reject" refuses a second one.
+    with pytest.raises(httpx.HTTPStatusError) as refused:
+        await b.runs.create(
+            thread_id,
+            "bg-agent",
+            input={INPUT: [{"role": "user", "content": "nap"}]},
+            multitask_strategy="reject",
+        )
+    assert refused.value.response.status_code == 409
     await asyncio.wait_for(b.runs.cancel(thread_id, run["run_id"], wait=True), 60)
     assert (await a.runs.get(thread_id, run["run_id"]))["status"] == "interrupted"
     assert "slow" not in [e[0] for e in _ledger(cluster, thread_id)]

@@ -666,6 +666,14 @@ async def _run_call(
                 f"stale answer: thread {thread.id!r} no longer waits at checkpoint "
                 f"{checkpoint_id!r}; read its state and answer what is pending now",
             )
+        if busy and not pending and checkpoint_id is None and server.workers:
+            # A queued answer is pinned when it is queued (it may run on any machine):
+            # with nothing pending yet there is nothing to pin it to.
+            raise BadRequest(
+                409,
+                f"thread {thread.id!r} is running a run and waits for no approval yet: "
+                "answer once it does (or send the checkpoint_id of the approval)",
+            )
         expected: Any = checkpoint_id or (pending if pending else None)
         snap = await server.snapshot(record)
         interrupt_ids = {str(i.id) for i in snap.interrupts or ()}
