@@ -49,7 +49,7 @@ from criogen_graph.serve._protocol import (
     stream_modes,
 )
 from criogen_graph.serve._records import Records
-from criogen_graph.serve._runs import Run, Runs, is_terminal
+from criogen_graph.serve._runs import HEARTBEAT_SECS, Run, Runs, is_terminal
 from criogen_graph.storage import Storage
 from criogen_graph.stream import Stream
 from criogen_graph.thread import Thread
@@ -975,7 +975,13 @@ async def _remote_events(
         return is_terminal((await _record_now(server, thread_id, run_id)).get("status"))
 
     wanted = modes | {"metadata", "error"}
-    async for seq, mode, event, data in events.follow(run_id, after, ended):
+    async for row in events.follow(run_id, after, ended, idle=HEARTBEAT_SECS):
+        if row is None:
+            # A tool may run for minutes without an event: proxies and clients drop
+            # a silent connection.
+            yield b": heartbeat\n\n"
+            continue
+        seq, mode, event, data = row
         if mode in wanted:
             yield sse(event, data, str(seq))
 

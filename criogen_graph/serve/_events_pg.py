@@ -241,10 +241,13 @@ class PgEvents:
         return out
 
     async def follow(
-        self, run_id: str, after: int, ended: Callable[[], Any]
-    ) -> AsyncIterator[tuple[int, str, str, Any]]:
+        self, run_id: str, after: int, ended: Callable[[], Any], idle: float | None = None
+    ) -> AsyncIterator[tuple[int, str, str, Any] | None]:
         """The events of `run_id` after `after`, in order, until the run has ended
-        (`ended()`, awaited, says so) and every event of it was read."""
+        (`ended()`, awaited, says so) and every event of it was read; with `idle`, a
+        None after each `idle` seconds without one (for a heartbeat)."""
+        loop = asyncio.get_running_loop()
+        quiet_since = loop.time()
         waiter = self._waiters.setdefault(run_id, asyncio.Event())
         try:
             while True:
@@ -252,9 +255,13 @@ class PgEvents:
                 over = bool(await ended())
                 for row in await self.rows(run_id, after):
                     after = row[0]
+                    quiet_since = loop.time()
                     yield row
                 if over:
                     return
+                if idle is not None and loop.time() - quiet_since >= idle:
+                    quiet_since = loop.time()
+                    yield None
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waiter.wait(), _POLL_SECS)
         finally:
