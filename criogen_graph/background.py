@@ -212,6 +212,20 @@ async def submit(thread: Thread[Any], action: str, **fields: Any) -> RunHandle[A
     return RunHandle(thread, info.id, queue)
 
 
+async def submit_as(
+    thread: Thread[Any], action: str, *, run_id: str, extra: Mapping[str, Any], **fields: Any
+) -> RunHandle[Any]:
+    """Queue `action` on `thread` under the caller's `run_id`, with `extra` fields in the
+    job's payload (plain JSON, not sealed: no conversation in it). A payload with a
+    `serve` field is executed by `criogen_graph.serve` inside the worker, which saves the
+    run's events for the HTTP clients (`criogen-graph serve --workers external`)."""
+    payload = await _payload(thread, action, **fields)
+    payload.update(extra, id=run_id)
+    queue = await _queue_for(thread.agent.storage)
+    info = await queue.submit(thread.agent, payload)
+    return RunHandle(thread, info.id, queue)
+
+
 def handle(thread: Thread[Output], run_id: str) -> RunHandle[Output]:
     """A handle on an earlier background run of the storage (`thread.run(id)`)."""
     if not isinstance(run_id, str) or not run_id:
@@ -350,6 +364,12 @@ def read_payload(raw: Any) -> dict[str, Any]:
 async def execute(agent: Agent[Any], payload: dict[str, Any], resumed: bool) -> Reply[Any]:
     """Run one job. `resumed`: a worker started it before (and died): whatever it had
     applied is not applied again; an unfinished run is continued as `retry()` does."""
+    if payload.get("serve") is not None:
+        # A run created over HTTP: executed by the server's run code, which saves its
+        # events where every `serve` process reads them (imported only when needed).
+        from criogen_graph.serve._worker import execute_served
+
+        return await execute_served(agent, payload, resumed)
     thread = agent.thread(payload["thread_id"], actor=payload.get("actor"))
     action = payload["action"]
     if resumed:

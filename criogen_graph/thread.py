@@ -165,6 +165,15 @@ class Thread(Generic[Output]):
         user = user_message(input, effective(self.agent.spec.redact))
         return await self._send(user, check_state(state), None, run_id)
 
+    def stream_as(
+        self, input: str, *, state: Mapping[str, Any] | None, run_id: str
+    ) -> Stream[Output]:
+        """Internal: `stream`, with the run id chosen by the caller (as `send_as`).
+        For the runtime's own modules; not a stable interface for users."""
+        user = user_message(input, effective(self.agent.spec.redact))
+        run_state = check_state(state)
+        return Stream(lambda s: self._send(user, run_state, s, run_id))
+
     async def _send(
         self,
         user: dict[str, Any],

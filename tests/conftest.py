@@ -34,6 +34,7 @@ SLOW = (
     "tests/test_studio.py",
     "tests/test_background_cli.py",
     "tests/test_serve.py",
+    "tests/test_serve_workers.py",
     "tests/test_serve_js.py",
     "tests/test_serve_fuzz.py",
 )

@@ -41,6 +41,7 @@ class Server:
     url: str
     log: Path
     storage: str
+    pid: int = 0
 
 
 @contextmanager
@@ -80,14 +81,15 @@ def serve(
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_until_up(proc, url, log, within=60)
-        yield Server(url, log, storage)
+        yield Server(url, log, storage, proc.pid)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
+        if proc.poll() is None:  # not killed by the test already
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])

@@ -309,6 +309,13 @@ _SERVE_OPTIONS = (
         action="append",
         help="an origin browsers may call from (repeat for several)",
     ),
+    _opt(
+        "--workers",
+        choices=["inline", "external"],
+        default="inline",
+        help="who executes the runs: this process (inline, the default) or the "
+        "`criogen-graph worker` processes of the PostgreSQL storage (external)",
+    ),
 )
 
 _SERVE_DESCRIPTION = """\

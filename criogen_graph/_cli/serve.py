@@ -41,7 +41,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     auth = _auth(args.auth)
     storage = Storage(storage_url(args.storage), on_busy="wait")
     host = args.host or (LOOPBACK if auth is None else "0.0.0.0")
-    app = create_app(agents, storage=storage, auth=auth, cors=args.cors)
+    app = create_app(agents, storage=storage, auth=auth, cors=args.cors, workers=args.workers)
     names = ", ".join(a.name for a in agents)
     where = f"http://{host}:{args.port}"
     note = ""
@@ -49,6 +49,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         note = " (loopback only: no --auth; pass --host to listen on other interfaces)"
     elif auth is None:
         note = " (no --auth: anyone who can reach it may use every thread)"
+    if args.workers == "external":
+        note += " (runs are executed by the criogen-graph worker processes of the storage)"
     print(
         f"criogen-graph serve: {names} on {safe_url(storage.url)} at {where}{note}",
         file=sys.stderr,

@@ -33,6 +33,7 @@ def create_app(
     storage: Storage | str | None = None,
     auth: Auth | None = None,
     cors: str | Sequence[str] | None = None,
+    workers: str = "inline",
 ) -> Starlette:
     """An ASGI application serving `agents` (mount it in your Starlette or FastAPI app,
     or run it with uvicorn).
@@ -52,8 +53,15 @@ def create_app(
 
     `cors`: origins allowed to call from a browser (e.g. "http://localhost:5173").
 
-    Raises `ValidationError` for no agents, two agents with one name, or agents on
-    different storages without `storage=`; `TypeError` for a non-Agent.
+    `workers`: "inline" (the default) runs each run in this process; "external" (on
+    PostgreSQL only) queues it for the background workers (`criogen-graph worker` with
+    the same agents and storage), which save its events for every server process: N
+    servers and M workers on one database, a run continued by another worker when its
+    worker dies, and no run left pending when the server that took it dies.
+
+    Raises `ValidationError` for no agents, two agents with one name, agents on
+    different storages without `storage=`, or `workers="external"` on a storage that
+    is not PostgreSQL; `TypeError` for a non-Agent.
     """
     from criogen_graph.agent import Agent
     from criogen_graph.serve._app import build_app
@@ -83,7 +91,25 @@ def create_app(
         store = listed[0].storage
     else:
         store = Storage(storage) if isinstance(storage, str) else storage
+    if workers not in ("inline", "external"):
+        raise ValidationError(
+            f"workers must be 'inline' or 'external', got {workers!r}", code="invalid_value"
+        )
+    if workers == "external" and store.scheme != "postgres":
+        raise ValidationError(
+            f"workers='external' needs a PostgreSQL storage (the workers' queue is there), "
+            f"not {store.scheme}://; on memory and SQLite runs execute in the server "
+            "(workers='inline')",
+            code="invalid_value",
+        )
     served = [a.with_storage(store) for a in listed]
     if isinstance(cors, str):
         cors = [cors]
-    return build_app(served, store, auth=auth, cors=list(cors or ()), owns_storage=owns)
+    return build_app(
+        served,
+        store,
+        auth=auth,
+        cors=list(cors or ()),
+        owns_storage=owns,
+        workers=workers == "external",
+    )

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -47,7 +49,7 @@ from criogen_graph.serve._protocol import (
     stream_modes,
 )
 from criogen_graph.serve._records import Records
-from criogen_graph.serve._runs import Run, Runs, is_terminal
+from criogen_graph.serve._runs import HEARTBEAT_SECS, Run, Runs, is_terminal
 from criogen_graph.storage import Storage
 from criogen_graph.stream import Stream
 from criogen_graph.thread import Thread
@@ -65,6 +67,21 @@ Auth = Callable[[Mapping[str, str]], "str | Awaitable[str | None] | None"]
 #: `ValidationError` codes that mean "not now" (409) rather than "not like this" (422).
 _CONFLICT_CODES = frozenset({"stale", "not_suspended", "nothing_to_retry"})
 _UNSUPPORTED_RUN_FIELDS = ("interrupt_before", "interrupt_after", "webhook", "after_seconds")
+
+
+#: Seconds a run record may wait for its job in the workers' queue before it is taken
+#: for lost (its server died between saving the record and queueing the job).
+_QUEUE_GRACE_SECS = 30.0
+
+
+def _age_secs(record: Mapping[str, Any]) -> float:
+    try:
+        created = datetime.fromisoformat(str(record.get("created_at")))
+    except ValueError:
+        return float("inf")
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=UTC)
+    return (datetime.now(UTC) - created).total_seconds()
 
 
 def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
@@ -89,12 +106,64 @@ def error_status(exc: CriogenError) -> int:
 class _Server:
     """What every endpoint shares: the agents by name, the storage, the run registry."""
 
-    def __init__(self, agents: dict[str, Agent[Any]], storage: Storage, auth: Auth | None) -> None:
+    def __init__(
+        self, agents: dict[str, Agent[Any]], storage: Storage, auth: Auth | None, workers: bool
+    ) -> None:
         self.agents = agents
         self.storage = storage
         self.auth = auth
+        #: Runs are queued for the background workers (PostgreSQL) instead of run here.
+        self.workers = workers
         self.records = Records(storage)
         self.runs = Runs(self.records)
+        #: Tasks cancelling queued runs whose client left (kept until they end).
+        self.cancelling: set[asyncio.Task[Any]] = set()
+
+    async def busy(self, thread_id: str) -> bool:
+        """A run is queued or running on the thread (here, or in the workers' queue)."""
+        if self.runs.busy(thread_id):
+            return True
+        if not self.workers:
+            return False
+        from criogen_graph.background import list_runs
+
+        for status in ("running", "queued"):
+            if await list_runs(self.storage, status=status, thread_id=thread_id, limit=1):
+                return True
+        return False
+
+    async def settled(self, record: dict[str, Any]) -> dict[str, Any]:
+        """A run record brought up to date with the workers' queue: a run the worker
+        could not even start (unknown agent, bad payload) or that was cancelled before
+        it started ends there; a run whose server died before queueing it ends as an
+        error instead of staying pending forever."""
+        if not self.workers or is_terminal(record.get("status")):
+            return record
+        from criogen_graph.background import get_run
+
+        info = await get_run(self.storage, str(record["run_id"]))
+        if info is None:
+            if _age_secs(record) < _QUEUE_GRACE_SECS:
+                return record
+            status = "error"
+        elif info.status == "failed":
+            status = "error"
+        elif info.status == "cancelled":
+            status = "interrupted"
+        elif info.status == "succeeded":
+            status = "success"
+        else:
+            return record
+        record = {**record, "status": status, "updated_at": now_iso()}
+        await self.records.put_run(record)
+        return record
+
+    async def cancel_queued(self, run_id: str) -> None:
+        """Cancel a run of the workers' queue (queued: never starts; running: its worker
+        cancels it and saves the thread)."""
+        from criogen_graph.background import cancel_run
+
+        await cancel_run(self.storage, run_id)
 
     # -- who is asking ---------------------------------------------------------------
 
@@ -155,7 +224,7 @@ class _Server:
 
     async def thread_json(self, record: Mapping[str, Any]) -> dict[str, Any]:
         snap = await self.snapshot(record)
-        if self.runs.busy(record["thread_id"]):
+        if await self.busy(record["thread_id"]):
             status = "busy"
         elif snap.interrupts:
             status = "interrupted"
@@ -423,7 +492,7 @@ async def patch_thread(server: _Server, request: Request, who: str | None) -> Re
 async def delete_thread(server: _Server, request: Request, who: str | None) -> Response:
     record = await server.owned(request.path_params["thread_id"], who)
     thread_id = record["thread_id"]
-    if server.runs.busy(thread_id):
+    if await server.busy(thread_id):
         raise BadRequest(409, f"thread {thread_id!r} has a run in progress; cancel it first")
     await server.thread_agent(record).thread(thread_id, actor=who).delete()
     if server.runs.events is not None:
@@ -456,7 +525,7 @@ async def update_state(server: _Server, request: Request, who: str | None) -> Re
             "values into the state would bypass the agent's run (its hooks, audit and "
             "approvals)",
         )
-    if server.runs.busy(record["thread_id"]):
+    if await server.busy(record["thread_id"]):
         raise BadRequest(409, "the thread has a run in progress; cancel it first")
     thread = server.thread_agent(record).thread(record["thread_id"], actor=who)
     entry = await thread.rewind(str(checkpoint_id))
@@ -524,23 +593,42 @@ async def _thread_for_run(
     return record
 
 
-def _resume_call(
-    thread: Thread[Any], resume: Any, expected: Any, interrupt_ids: set[str]
-) -> Callable[[], Stream[Any]]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Action:
+    """The Thread call a run asks for: `name` (send, approve, reject, decide, retry) and
+    its arguments, as a call made here or a job queued for the workers."""
+
+    name: str
+    fields: dict[str, Any]
+
+    def call(self, thread: Thread[Any]) -> Callable[[], Stream[Any]]:
+        f = self.fields
+        if self.name == "send":
+            return lambda: thread.stream(f["input"], state=f["state"])
+        if self.name == "approve":
+            return lambda: thread.stream_approve(expected=f["expected"])
+        if self.name == "reject":
+            return lambda: thread.stream_reject(f["message"], expected=f["expected"])
+        if self.name == "decide":
+            return lambda: thread.stream_decide(f["decisions"], expected=f["expected"])
+        return thread.stream_retry
+
+
+def _resume_call(resume: Any, expected: Any, interrupt_ids: set[str]) -> _Action:
     """The Thread call a `command.resume` value asks for (the JSON shapes Studio sends)."""
     if isinstance(resume, Mapping) and len(resume) == 1 and next(iter(resume)) in interrupt_ids:
         resume = next(iter(resume.values()))  # keyed by the interrupt's id
     kind = resume.get("type") if isinstance(resume, Mapping) else resume
     if kind == "approve" and (not isinstance(resume, Mapping) or set(resume) == {"type"}):
-        return lambda: thread.stream_approve(expected=expected)
+        return _Action("approve", {"expected": expected})
     if kind == "reject":
         message = resume.get("message") if isinstance(resume, Mapping) else None
         if message is not None and not isinstance(message, str):
             raise BadRequest(422, "the reject message must be a string")
-        return lambda: thread.stream_reject(message or "rejected", expected=expected)
+        return _Action("reject", {"message": message or "rejected", "expected": expected})
     if isinstance(resume, Mapping) and resume and "type" not in resume:
         decisions = dict(resume)
-        return lambda: thread.stream_decide(decisions, expected=expected)
+        return _Action("decide", {"decisions": decisions, "expected": expected})
     raise BadRequest(
         422,
         "command.resume must be 'approve', {'type': 'reject', 'message': ...}, or "
@@ -555,7 +643,7 @@ async def _run_call(
     thread: Thread[Any],
     body: Mapping[str, Any],
     busy: bool,
-) -> Callable[[], Stream[Any]]:
+) -> _Action:
     """The Thread call a run body asks for: a new message, an answer, or a retry."""
     command = body.get("command")
     has_input = body.get("input") is not None
@@ -578,10 +666,18 @@ async def _run_call(
                 f"stale answer: thread {thread.id!r} no longer waits at checkpoint "
                 f"{checkpoint_id!r}; read its state and answer what is pending now",
             )
+        if busy and not pending and checkpoint_id is None and server.workers:
+            # A queued answer is pinned when it is queued (it may run on any machine):
+            # with nothing pending yet there is nothing to pin it to.
+            raise BadRequest(
+                409,
+                f"thread {thread.id!r} is running a run and waits for no approval yet: "
+                "answer once it does (or send the checkpoint_id of the approval)",
+            )
         expected: Any = checkpoint_id or (pending if pending else None)
         snap = await server.snapshot(record)
         interrupt_ids = {str(i.id) for i in snap.interrupts or ()}
-        return _resume_call(thread, command["resume"], expected, interrupt_ids)
+        return _resume_call(command["resume"], expected, interrupt_ids)
     if has_input:
         text, state = read_input(body["input"])
         if not busy and await thread.pending_approvals():
@@ -590,15 +686,16 @@ async def _run_call(
                 f"thread {thread.id!r} waits for approval: answer it with "
                 "command={'resume': ...} first",
             )
-        return lambda: thread.stream(text, state=state)
-    return thread.stream_retry
+        return _Action("send", {"input": text, "state": state})
+    return _Action("retry", {})
 
 
 async def _start_run(
     server: _Server, request: Request, who: str | None, *, followed: bool = True
-) -> tuple[Run, dict[str, Any]]:
-    """Start the run a request asks for; `followed`: its events may be read (a `wait`
-    only needs the end state)."""
+) -> tuple[Run | None, dict[str, Any], dict[str, Any]]:
+    """Start the run a request asks for: (the run, if it runs in this process; its
+    record; options). `followed`: its events may be read (a `wait` only needs the end
+    state)."""
     body = await _body(request)
     thread_id = request.path_params["thread_id"]
     record = await _thread_for_run(server, thread_id, body, who)
@@ -620,13 +717,13 @@ async def _start_run(
     if on_disconnect not in ("cancel", "continue"):
         raise BadRequest(422, "on_disconnect must be 'cancel' or 'continue'")
     modes = stream_modes(body.get("stream_mode"))
-    busy = server.runs.busy(thread_id)
+    busy = await server.busy(thread_id)
     if busy and strategy == "reject":
         raise BadRequest(
             409, f"thread {thread_id!r} is already running a run (multitask_strategy='reject')"
         )
     thread = agent.thread(thread_id, actor=who)
-    call = await _run_call(server, record, thread, body, busy)
+    action = await _run_call(server, record, thread, body, busy)
     now = now_iso()
     run_record = {
         "run_id": str(uuid.uuid4()),
@@ -643,6 +740,10 @@ async def _start_run(
     if record.get("assistant_id") != agent.name:
         await server.records.touch_thread(thread_id, assistant_id=agent.name)
         record = {**record, "assistant_id": agent.name}
+    options = {"on_disconnect": on_disconnect}
+    if server.workers:
+        await _queue_run(server, thread, action, run_record)
+        return None, run_record, options
     # The values a `values` stream starts from (not needed by a `wait`).
     before = dict((await server.snapshot(record)).values or {}) if followed else {}
 
@@ -650,21 +751,44 @@ async def _start_run(
         snap = await server.snapshot(record)
         return dict(snap.values or {}), list(snap.interrupts or ())
 
-    run = server.runs.start(run_record, modes, call, before, read_state)
-    return run, {"on_disconnect": on_disconnect}
+    run = server.runs.start(run_record, modes, action.call(thread), before, read_state)
+    return run, run.record, options
 
 
-def _run_headers(run: Run, tail: str) -> dict[str, str]:
-    base = f"/threads/{quote(run.thread_id, safe='')}/runs/{run.id}"
+async def _queue_run(
+    server: _Server, thread: Thread[Any], action: _Action, run_record: dict[str, Any]
+) -> None:
+    """Queue the run for the background workers under the run's id (its record is
+    saved first, so any server process can answer for it at once)."""
+    from criogen_graph.background import submit_as
+
+    fields = dict(action.fields)
+    try:
+        await submit_as(
+            thread,
+            action.name,
+            run_id=str(run_record["run_id"]),
+            extra={"serve": {"v": 1}},
+            **fields,
+        )
+    except BaseException:
+        failed = {**run_record, "status": "error", "updated_at": now_iso()}
+        with contextlib.suppress(Exception):
+            await asyncio.shield(server.records.put_run(failed))
+        raise
+
+
+def _run_headers(record: Mapping[str, Any], tail: str) -> dict[str, str]:
+    base = f"/threads/{quote(str(record['thread_id']), safe='')}/runs/{record['run_id']}"
     return {"Location": f"{base}/{tail}", "Content-Location": base}
 
 
 async def create_run(server: _Server, request: Request, who: str | None) -> Response:
-    run, _ = await _start_run(server, request, who)
-    return _json(run.record, headers=_run_headers(run, "join"))
+    _, record, _ = await _start_run(server, request, who)
+    return _json(record, headers=_run_headers(record, "join"))
 
 
-def _sse_response(run: Run, events: AsyncIterator[bytes], headers: dict[str, str]) -> Response:
+def _sse_response(events: AsyncIterator[bytes], headers: dict[str, str]) -> Response:
     return StreamingResponse(
         events,
         media_type="text/event-stream",
@@ -672,7 +796,13 @@ def _sse_response(run: Run, events: AsyncIterator[bytes], headers: dict[str, str
     )
 
 
-async def _watched(run: Run, events: AsyncIterator[bytes], cancel_on_drop: bool) -> Any:
+async def _watched(
+    server: _Server,
+    run: Run | None,
+    record: Mapping[str, Any],
+    events: AsyncIterator[bytes],
+    cancel_on_drop: bool,
+) -> Any:
     """`events`, cancelling the run if the client goes away before it ends and asked
     for that (`on_disconnect="cancel"`)."""
     finished = False
@@ -682,13 +812,26 @@ async def _watched(run: Run, events: AsyncIterator[bytes], cancel_on_drop: bool)
         finished = True
     finally:
         if not finished and cancel_on_drop:
-            run.cancel()
+            if run is not None:
+                run.cancel()
+            elif server.workers:
+                task = asyncio.ensure_future(server.cancel_queued(str(record["run_id"])))
+                server.cancelling.add(task)
+                task.add_done_callback(server.cancelling.discard)
 
 
 async def stream_run(server: _Server, request: Request, who: str | None) -> Response:
-    run, options = await _start_run(server, request, who)
-    events = _watched(run, run.follow(run.modes), options["on_disconnect"] == "cancel")
-    return _sse_response(run, events, _run_headers(run, "stream"))
+    run, record, options = await _start_run(server, request, who)
+    cancel = options["on_disconnect"] == "cancel"
+    if run is not None:
+        events = run.follow(run.modes)
+    else:
+        assert server.runs.events is not None
+        modes = frozenset((record.get("kwargs") or {}).get("stream_mode") or ["values"])
+        events = _remote_events(server, server.runs.events, record, modes, 0)
+    return _sse_response(
+        _watched(server, run, record, events, cancel), _run_headers(record, "stream")
+    )
 
 
 async def _outcome(server: _Server, run: Run) -> Response:
@@ -706,9 +849,12 @@ async def _outcome(server: _Server, run: Run) -> Response:
 
 
 async def wait_run(server: _Server, request: Request, who: str | None) -> Response:
-    run, _ = await _start_run(server, request, who, followed=False)
-    response = await _outcome(server, run)
-    response.headers.update(_run_headers(run, "join"))
+    run, record, _ = await _start_run(server, request, who, followed=False)
+    if run is not None:
+        response = await _outcome(server, run)
+    else:
+        response = await _remote_outcome(server, record)
+    response.headers.update(_run_headers(record, "join"))
     return response
 
 
@@ -721,7 +867,7 @@ async def _run_of(server: _Server, request: Request, who: str | None) -> tuple[R
     stored = await server.records.run(record["thread_id"], run_id)
     if stored is None:
         raise BadRequest(404, f"run {run_id!r} not found")
-    return None, stored
+    return None, await server.settled(stored)
 
 
 async def get_run(server: _Server, request: Request, who: str | None) -> Response:
@@ -736,7 +882,7 @@ async def list_runs(server: _Server, request: Request, who: str | None) -> Respo
     status = request.query_params.get("status")
     runs = [
         r
-        for r in await server.records.runs(record["thread_id"])
+        for r in [await server.settled(r) for r in await server.records.runs(record["thread_id"])]
         if status is None or r.get("status") == status
     ]
     return _json(runs[offset : offset + limit])
@@ -745,10 +891,18 @@ async def list_runs(server: _Server, request: Request, who: str | None) -> Respo
 async def _ended_remotely(server: _Server, thread_id: str, run_id: str) -> dict[str, Any]:
     """The record of a run another server process runs, once it has ended."""
     while True:
-        record = await server.records.run(thread_id, run_id) or {"status": "error"}
+        record = await _record_now(server, thread_id, run_id)
         if is_terminal(record.get("status")):
             return record
         await asyncio.sleep(_POLL_SECS)
+
+
+async def _record_now(server: _Server, thread_id: str, run_id: str) -> dict[str, Any]:
+    """A run's record as saved now, settled with the workers' queue."""
+    record = await server.records.run(thread_id, run_id)
+    if record is None:
+        return {"status": "error"}
+    return await server.settled(record)
 
 
 async def cancel_run(server: _Server, request: Request, who: str | None) -> Response:
@@ -760,6 +914,8 @@ async def cancel_run(server: _Server, request: Request, who: str | None) -> Resp
     if run is None and server.runs.events is not None and not is_terminal(record.get("status")):
         # Run by another server process on the storage: it is told through PostgreSQL.
         await server.runs.events.cancel(record["run_id"])
+        if server.workers:
+            await server.cancel_queued(str(record["run_id"]))
         if wait:
             await _ended_remotely(server, record["thread_id"], record["run_id"])
         return Response(status_code=202)
@@ -781,10 +937,17 @@ async def join_run(server: _Server, request: Request, who: str | None) -> Respon
     run, record = await _run_of(server, request, who)
     if run is not None:
         return await _outcome(server, run)
-    thread = await server.owned(request.path_params["thread_id"], who)
-    # A run of another server process on the storage: its record says when it ends.
+    await server.owned(request.path_params["thread_id"], who)
+    return await _remote_outcome(server, record)
+
+
+async def _remote_outcome(server: _Server, record: Mapping[str, Any]) -> Response:
+    """What `wait` and `join` answer for a run another process executes, once it ended:
+    the thread's state then."""
+    thread_id = str(record["thread_id"])
     if not is_terminal(record.get("status")):
-        await _ended_remotely(server, thread["thread_id"], record["run_id"])
+        await _ended_remotely(server, thread_id, str(record["run_id"]))
+    thread = await server.owned(thread_id, None)
     snap = await server.snapshot(thread)
     values = dict(snap.values or {})
     if snap.interrupts:
@@ -809,11 +972,16 @@ async def _remote_events(
     thread_id, run_id = str(record["thread_id"]), str(record["run_id"])
 
     async def ended() -> bool:
-        now = await server.records.run(thread_id, run_id)
-        return now is None or is_terminal(now.get("status"))
+        return is_terminal((await _record_now(server, thread_id, run_id)).get("status"))
 
     wanted = modes | {"metadata", "error"}
-    async for seq, mode, event, data in events.follow(run_id, after, ended):
+    async for row in events.follow(run_id, after, ended, idle=HEARTBEAT_SECS):
+        if row is None:
+            # A tool may run for minutes without an event: proxies and clients drop
+            # a silent connection.
+            yield b": heartbeat\n\n"
+            continue
+        seq, mode, event, data = row
         if mode in wanted:
             yield sse(event, data, str(seq))
 
@@ -839,8 +1007,8 @@ async def join_stream(server: _Server, request: Request, who: str | None) -> Res
         )
     modes = stream_modes(asked) if asked else run.modes
     cancel = request.query_params.get("cancel_on_disconnect") in ("1", "true", "True")
-    events = _watched(run, run.follow(modes, int(last)), cancel)
-    return _sse_response(run, events, _run_headers(run, "stream"))
+    events = _watched(server, run, run.record, run.follow(modes, int(last)), cancel)
+    return _sse_response(events, _run_headers(run.record, "stream"))
 
 
 # -- the application -------------------------------------------------------------------------
@@ -894,9 +1062,10 @@ def build_app(
     auth: Auth | None,
     cors: Sequence[str],
     owns_storage: bool,
+    workers: bool = False,
 ) -> Starlette:
     """The Starlette application serving `agents` on `storage` (see `create_app`)."""
-    server = _Server({a.name: a for a in agents}, storage, auth)
+    server = _Server({a.name: a for a in agents}, storage, auth, workers)
     routes = [
         Route(path, _endpoint(server, handler, path in _PUBLIC), methods=methods)
         for path, handler, methods in _ROUTES
@@ -919,6 +1088,13 @@ def build_app(
             yield
         finally:
             await server.runs.shutdown()
+            if server.cancelling:
+                await asyncio.wait(list(server.cancelling))
+            if workers:
+                from criogen_graph.background import close_runs
+
+                with contextlib.suppress(Exception):
+                    await close_runs(storage)
             if events is not None:
                 await events.close()
             if owns_storage:

@@ -55,7 +55,9 @@ class PgEvents:
         self._write_task: asyncio.Task[None] | None = None
         self._waiters: dict[str, asyncio.Event] = {}
 
-    async def open(self) -> None:
+    async def open(self, *, listen: bool = True) -> None:
+        """Connect (and create the table once). `listen=False`: only to write events
+        (a background worker executing a run)."""
         import psycopg
 
         self._writer = await psycopg.AsyncConnection.connect(self.storage.url, autocommit=True)
@@ -64,11 +66,13 @@ class PgEvents:
             await self._writer.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_TABLE,))
             await self._writer.execute(_SETUP)
         self._reader = await psycopg.AsyncConnection.connect(self.storage.url, autocommit=True)
+        self._write_task = asyncio.ensure_future(self._write())
+        if not listen:
+            return
         self._listener = await psycopg.AsyncConnection.connect(self.storage.url, autocommit=True)
         await self._listener.execute(f"LISTEN {_EVENTS_CHANNEL}")
         await self._listener.execute(f"LISTEN {_CANCEL_CHANNEL}")
         self._listen_task = asyncio.ensure_future(self._listen())
-        self._write_task = asyncio.ensure_future(self._write())
 
     async def close(self) -> None:
         self._queue.put_nowait(None)
@@ -152,6 +156,19 @@ class PgEvents:
                 for run_id in dict.fromkeys(r[0] for r in rows):
                     await cur.execute("SELECT pg_notify(%s, %s)", (_EVENTS_CHANNEL, run_id))
 
+    async def progress(self, run_id: str) -> tuple[int, int]:
+        """The id of the last saved event of `run_id` (0 if none) and how many times it
+        was started (its `metadata` events)."""
+        async with self._read_lock:
+            self._reader = await self._connection(self._reader)
+            cur = await self._reader.execute(
+                f"SELECT coalesce(max(seq), 0), count(*) FILTER (WHERE event = 'metadata') "
+                f"FROM {_TABLE} WHERE run_id = %s",
+                (run_id,),
+            )
+            row = await cur.fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
     async def forget(self, run_ids: list[str]) -> None:
         """Delete the events of these runs (their thread was deleted)."""
         await self.flushed()
@@ -224,10 +241,13 @@ class PgEvents:
         return out
 
     async def follow(
-        self, run_id: str, after: int, ended: Callable[[], Any]
-    ) -> AsyncIterator[tuple[int, str, str, Any]]:
+        self, run_id: str, after: int, ended: Callable[[], Any], idle: float | None = None
+    ) -> AsyncIterator[tuple[int, str, str, Any] | None]:
         """The events of `run_id` after `after`, in order, until the run has ended
-        (`ended()`, awaited, says so) and every event of it was read."""
+        (`ended()`, awaited, says so) and every event of it was read; with `idle`, a
+        None after each `idle` seconds without one (for a heartbeat)."""
+        loop = asyncio.get_running_loop()
+        quiet_since = loop.time()
         waiter = self._waiters.setdefault(run_id, asyncio.Event())
         try:
             while True:
@@ -235,9 +255,13 @@ class PgEvents:
                 over = bool(await ended())
                 for row in await self.rows(run_id, after):
                     after = row[0]
+                    quiet_since = loop.time()
                     yield row
                 if over:
                     return
+                if idle is not None and loop.time() - quiet_since >= idle:
+                    quiet_since = loop.time()
+                    yield None
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waiter.wait(), _POLL_SECS)
         finally:

@@ -38,6 +38,9 @@ _TERMINAL = frozenset({"success", "error", "interrupted", "timeout"})
 
 #: Reads a thread's state once its run ended: (values, interrupts).
 ReadState = Callable[[], Awaitable[tuple[dict[str, Any], list[Any]]]]
+#: Starts a run's Thread call; None when there is nothing left to run (a worker taking
+#: over a run that had finished).
+Call = Callable[[], "Stream[Any] | None"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -67,6 +70,11 @@ class Run:
     error: BaseException | None = None
     #: Where its events also go for other server processes (PostgreSQL), if anywhere.
     publish: Callable[[str, int, str, str, Any], None] | None = None
+    #: The id of the event before its first one here (a worker continuing a run another
+    #: worker started numbers its events after those already saved).
+    offset: int = 0
+    #: The `Reply` its Thread call ended with.
+    reply: Any = None
 
     @property
     def id(self) -> str:
@@ -77,7 +85,7 @@ class Run:
         return str(self.record["thread_id"])
 
     def emit(self, mode: str, event: str, data: Any) -> None:
-        seq = len(self.events) + 1
+        seq = self.offset + len(self.events) + 1
         self.events.append((seq, mode, event, data))
         if self.publish is not None:
             self.publish(self.id, seq, mode, event, data() if isinstance(data, _Partial) else data)
@@ -236,13 +244,34 @@ class Runs:
         read_state: ReadState,
     ) -> Run:
         """Queue `call` (a `Thread` stream call) as a run of its thread."""
-        run = Run(record, modes)
+        run = self._new(record, modes, 0, 1)
+        run.task = asyncio.ensure_future(self._execute(run, call, before, read_state))
+        return run
+
+    async def execute(
+        self,
+        record: dict[str, Any],
+        modes: frozenset[str],
+        call: Call,
+        before: dict[str, Any],
+        read_state: ReadState,
+        *,
+        after: int,
+        attempt: int,
+    ) -> Run:
+        """Run `call` here and now (a background worker executing a run created over
+        HTTP): its events are numbered after `after`; returns the ended run."""
+        run = self._new(record, modes, after, attempt)
+        await self._execute(run, call, before, read_state)
+        return run
+
+    def _new(self, record: dict[str, Any], modes: frozenset[str], after: int, attempt: int) -> Run:
+        run = Run(record, modes, offset=after)
         if self.events is not None:
             run.publish = self.events.publish
         self._runs[run.id] = run
         self._forget_old()
-        run.emit("metadata", "metadata", {"run_id": run.id, "attempt": 1})
-        run.task = asyncio.ensure_future(self._execute(run, call, before, read_state))
+        run.emit("metadata", "metadata", {"run_id": run.id, "attempt": attempt})
         return run
 
     def _forget_old(self) -> None:
@@ -253,7 +282,7 @@ class Runs:
     async def _execute(
         self,
         run: Run,
-        call: Callable[[], Stream[Any]],
+        call: Call,
         before: dict[str, Any],
         read_state: ReadState,
     ) -> None:
@@ -264,9 +293,10 @@ class Runs:
                 run.record.update(status="running", updated_at=now_iso())
                 emitter = _Emitter(run, before)
                 stream = call()
-                async for event in stream:
-                    emitter(event)
-                await stream.reply()
+                if stream is not None:
+                    async for event in stream:
+                        emitter(event)
+                    run.reply = await stream.reply()
                 values, interrupts = await read_state()
                 run.values = emitter.finish(values, interrupts)
             await self._ended(run, "success")
