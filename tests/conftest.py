@@ -7,6 +7,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -145,14 +146,14 @@ def storage_url(kind: str, tmp_path: Path) -> str:
     return PG_URL
 
 
-@pytest.fixture
-def pg_schema_url() -> Iterator[str]:
-    """A PostgreSQL URL whose tables live in a fresh schema of their own (dropped after),
-    for tests that change database-wide settings such as the encryption key."""
+@contextmanager
+def fresh_schema(prefix: str = "criogen_test") -> Iterator[str]:
+    """A PostgreSQL URL whose tables live in a fresh schema of their own, dropped on
+    leaving: for tests that change database-wide settings or start processes of their own."""
     require_postgres()
     import psycopg
 
-    schema = f"criogen_test_{uuid.uuid4().hex[:12]}"
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     sep = "&" if "?" in PG_URL else "?"
@@ -161,6 +162,14 @@ def pg_schema_url() -> Iterator[str]:
     finally:
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def pg_schema_url() -> Iterator[str]:
+    """A PostgreSQL URL whose tables live in a fresh schema of their own (dropped after),
+    for tests that change database-wide settings such as the encryption key."""
+    with fresh_schema() as url:
+        yield url
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])

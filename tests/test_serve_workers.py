@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
@@ -27,7 +26,7 @@ import pytest
 import pytest_asyncio
 
 from criogen_graph import Storage, ValidationError
-from tests.conftest import PG_URL, ROOT, require_postgres
+from tests.conftest import ROOT, fresh_schema
 from tests.reliability import _background_agents as bg
 
 pytest.importorskip("langgraph_sdk")
@@ -121,19 +120,12 @@ def _wait_registered(cluster: Cluster, count: int) -> None:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    require_postgres()
-    import psycopg
-
     workdir = tmp_path_factory.mktemp("serve-workers")
-    schema = f"criogen_sw_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    sep = "&" if "?" in PG_URL else "?"
-    c = Cluster(f"{PG_URL}{sep}options=-csearch_path%3D{schema}", workdir)
     old = os.environ.get("CRIOGEN_BG_WORKDIR")
     os.environ["CRIOGEN_BG_WORKDIR"] = str(workdir)
     try:
-        with ExitStack() as stack:
+        with fresh_schema("criogen_sw") as url, ExitStack() as stack:
+            c = Cluster(url, workdir)
             c.start_worker()
             c.start_worker()
             _wait_registered(c, 2)
@@ -152,8 +144,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             del os.environ["CRIOGEN_BG_WORKDIR"]
         else:
             os.environ["CRIOGEN_BG_WORKDIR"] = old
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -25,7 +25,7 @@ import pytest
 import pytest_asyncio
 
 from criogen_graph import RunFailedError, Storage, ThreadBusyError, close_runs
-from tests.conftest import PG_URL, require_postgres
+from tests.conftest import PG_URL, fresh_schema
 from tests.reliability import _background_agents as bg
 from tests.reliability.test_background_workers import STALLED_AFTER, Workers
 
@@ -34,32 +34,24 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
-    require_postgres()
-    import psycopg
-
     workdir = tmp_path_factory.mktemp("bg-stalls")
-    schema = f"criogen_bgs_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    sep = "&" if "?" in PG_URL else "?"
-    w = Workers(f"{PG_URL}{sep}options=-csearch_path%3D{schema}", workdir)
-    old = {k: os.environ.get(k) for k in ("CRIOGEN_BG_WORKDIR", "CRIOGEN_BG_BLOCK")}
-    os.environ["CRIOGEN_BG_WORKDIR"] = str(workdir)
-    os.environ["CRIOGEN_BG_BLOCK"] = str(float(STALLED_AFTER) * 4)
-    try:
-        w.start()
-        w.start()
-        _wait_registered(w, 2)
-        yield w
-    finally:
-        w.stop_all()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with fresh_schema("criogen_bgs") as url:
+        w = Workers(url, workdir)
+        old = {k: os.environ.get(k) for k in ("CRIOGEN_BG_WORKDIR", "CRIOGEN_BG_BLOCK")}
+        os.environ["CRIOGEN_BG_WORKDIR"] = str(workdir)
+        os.environ["CRIOGEN_BG_BLOCK"] = str(float(STALLED_AFTER) * 4)
+        try:
+            w.start()
+            w.start()
+            _wait_registered(w, 2)
+            yield w
+        finally:
+            w.stop_all()
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def _wait_registered(workers: Workers, count: int) -> None:
