@@ -7,7 +7,11 @@ Markers, as HTML comments on the line before a fenced block (invisible on the si
 
 - `<!-- snippet -->`: a Python fragment (may use top-level `await` and names it does not
   define); compiled, not run.
-- `<!-- output -->` before a ```` ```text ```` block: lines the preceding program prints.
+- `<!-- output -->` before a ```` ```text ```` block: everything the preceding program
+  prints, compared whole (every line, in order; trailing spaces and blank lines at the
+  ends aside) once run-dependent values are normalised on both sides (`RUN_DEPENDENT`).
+- `<!-- demo-output -->` before a ```` ```text ```` block: everything `criogen-graph demo`
+  prints with the scripted model, compared whole in the same way.
 - `<!-- run: replace 'X' with EXPR -->` (any number, before a program): the test runs
   the program with the Python literal `'X'` replaced by `EXPR`, e.g. a provider string
   by a `FakeModel`, so a program that shows a real provider runs without a key.
@@ -16,6 +20,7 @@ Markers, as HTML comments on the line before a fenced block (invisible on the si
 from __future__ import annotations
 
 import ast
+import difflib
 import json
 import os
 import re
@@ -107,7 +112,7 @@ def blocks(page: Path) -> list[Block]:
             if block.lang == "text" and "output" in markers:
                 prior = [b for b in found if b.lang == "python"]
                 assert prior, f"{block.id}: an output block with no program before it"
-                prior[-1].expected = [x for x in code.splitlines() if x.strip()]
+                prior[-1].expected = code.splitlines()
             found.append(block)
             markers = []
             i = end
@@ -119,6 +124,54 @@ def blocks(page: Path) -> list[Block]:
 
 ALL = [b for page in PAGES for b in blocks(page)]
 PYTHON = [b for b in ALL if b.lang == "python"]
+
+#: The values an output block may show other than the run prints, because they differ
+#: from run to run; both sides are normalised with these and nothing else (so a block
+#: that omits, adds, reorders or alters a line fails). Checkpoint versions and counts are
+#: deterministic and compared as printed.
+RUN_DEPENDENT: list[tuple[re.Pattern[str], str]] = [
+    # ids: UUIDs, generated tool-call ids (call_/toolu_ + hex), other long hex ids
+    (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"), "<id>"),
+    (re.compile(r"\b(?:call|toolu)_[0-9A-Za-z]{6,}\b"), "<id>"),
+    (re.compile(r"\b[0-9a-f]{12,}\b"), "<id>"),
+    # times: ISO timestamps, then durations such as `0.004 s` or `12 ms`
+    (
+        re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:\.\d+)?)?(?:Z|[+-]\d\d:?\d\d)?"),
+        "<time>",
+    ),
+    (re.compile(r"\b\d+(?:\.\d+)? ?(?:ms|s)\b"), "<duration>"),
+    # process ids, and the command prefix the demo prints (where the package is installed)
+    (re.compile(r"\bpid \d+"), "pid <pid>"),
+    (re.compile(r"\S+(?:/criogen-graph| -m criogen_graph)(?= threads )"), "criogen-graph"),
+    # package versions (criogen_graph's, LangGraph's): 1.2.3, 1.2.3.dev4+g0abc
+    (re.compile(r"\b\d+\.\d+\.\d+[\w.+-]*"), "<version>"),
+]
+
+
+def normalised(text: str) -> list[str]:
+    """The lines of a program's output or of an output block, as compared: run-dependent
+    values replaced, trailing spaces and blank lines at either end dropped."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    while lines and not lines[0]:
+        lines.pop(0)
+    out = []
+    for line in lines:
+        for pattern, placeholder in RUN_DEPENDENT:
+            line = pattern.sub(placeholder, line)
+        out.append(line)
+    return out
+
+
+def output_differs(expected: list[str], printed: str) -> str | None:
+    """None when an output block shows exactly what the program printed, else a diff."""
+    want, got = normalised("\n".join(expected)), normalised(printed)
+    if want == got:
+        return None
+    return "\n".join(difflib.unified_diff(want, got, "the page", "printed", lineterm=""))
+
+
 PROGRAMS = [b for b in PYTHON if not b.is_snippet]
 SNIPPETS = [b for b in PYTHON if b.is_snippet]
 
@@ -216,10 +269,20 @@ def test_the_pages_have_programs_and_every_python_block_is_one_or_a_snippet() ->
 def test_program_runs(block: Block, program_results: dict[str, Any]) -> None:
     result = program_results[block.id]
     assert result["ok"], f"{block.id} failed:\n{result['error']}"
-    for line in block.expected:
-        assert line.strip() in result["stdout"], (
-            f"{block.id}: expected output line {line!r} not printed:\n{result['stdout']}"
-        )
+    if block.expected:
+        diff = output_differs(block.expected, result["stdout"])
+        assert diff is None, f"{block.id}: the output block is not what the program prints:\n{diff}"
+
+
+def test_an_output_block_that_omits_or_alters_a_line_fails() -> None:
+    printed = "needs approval: True\nDone: refunded A-1. in 0.004 s\nid call_3f9a2b1c0d4e5f60\n"
+    whole = ["needs approval: True", "Done: refunded A-1. in 0.012 s", "id call_0123456789abcdef"]
+    assert output_differs(whole, printed) is None  # times and ids normalised
+    assert output_differs(["", *whole, "  "], printed) is None  # blank ends, trailing spaces
+    assert output_differs(whole[1:], printed)  # a line left out
+    assert output_differs([*whole, "more"], printed)  # a line the program does not print
+    assert output_differs([whole[0], "Done: refunded A-2. in 0.012 s", whole[2]], printed)
+    assert output_differs(whole[::-1], printed)  # reordered
 
 
 @pytest.mark.parametrize("block", SNIPPETS, ids=lambda b: b.id)
@@ -350,6 +413,9 @@ def test_pages_render_in_a_browser(site: Path) -> None:
 def test_the_demo_prints_a_command_that_inspects_its_thread(jobs: Jobs) -> None:
     stdout, stderr = jobs.demo.communicate(timeout=300)
     assert jobs.demo.returncode == 0, stderr
+    (shown,) = [b for b in ALL if "demo-output" in b.markers]
+    diff = output_differs(shown.code.splitlines(), stdout)
+    assert diff is None, f"{shown.id}: the page does not show what the demo prints:\n{diff}"
     _, _, tail = stdout.partition("Inspect the thread it made")
     commands = [line.strip() for line in tail.splitlines() if "threads --storage" in line]
     assert len(commands) == 2, stdout
