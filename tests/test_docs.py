@@ -439,3 +439,73 @@ def test_the_demo_prints_a_command_that_inspects_its_thread(jobs: Jobs) -> None:
     assert "Order A-1 arrived damaged" in show and "Done: order A-1 is refunded" in show
     assert runs[1].returncode == 0, audit_err
     assert "approve" in audit and "reviewer" in audit
+
+
+# -- names that must import ------------------------------------------------------------
+
+#: The options that import what they name (`module:attr` or `path/file.py:attr`).
+_NAMED = re.compile(
+    r"(?:--agent|--tools|--auth)[ =]+['\"]?(?P<name>[\w./-]+:[\w.]+)"
+    r"|`\.?/?(?P<path>[\w./-]+\.py:\w+)`"  # a file's object, as langgraph.json names graphs
+)
+#: Metavariables that stand for any name (the help's MODULE:ATTR), never a real one.
+_PLACEHOLDERS = {"module:attr", "module:callable", "module:attribute"}
+
+
+def _cli_help() -> str:
+    """Every help text of `criogen-graph`, its commands and their subcommands."""
+    import argparse
+
+    from criogen_graph._cli.parser import build_parser
+
+    texts: list[str] = []
+    todo = [build_parser()]
+    while todo:
+        parser = todo.pop()
+        texts.append(parser.format_help())
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend(action.choices.values())
+    return "\n".join(texts)
+
+
+def _named_objects() -> dict[str, list[str]]:
+    """Each `module:attr` the docs, examples, notebooks and CLI help tell you to pass,
+    with where it is named."""
+    sources = {str(p.relative_to(ROOT)): p.read_text() for p in PAGES}
+    for pattern in ("examples/**/*.py", "notebooks/*.ipynb"):
+        for path in sorted(ROOT.glob(pattern)):
+            text = path.read_text()
+            if path.suffix == ".ipynb":
+                cells = json.loads(text)["cells"]
+                text = "\n".join("".join(c["source"]) for c in cells)
+            sources[str(path.relative_to(ROOT))] = text
+    sources["criogen-graph --help"] = _cli_help()
+    found: dict[str, list[str]] = {}
+    for where, text in sources.items():
+        for m in _NAMED.finditer(text):
+            name = (m.group("name") or m.group("path")).rstrip(".")
+            if name.lower() not in _PLACEHOLDERS:
+                found.setdefault(name, []).append(where)
+    return found
+
+
+def test_every_module_attr_in_the_docs_and_the_cli_help_imports_from_the_root(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--agent examples.support_agent:agent` as written works from a checkout's root,
+    imported the way the CLI imports it."""
+    from criogen_graph._cli.common import CliError
+    from criogen_graph._cli.loading import import_object
+
+    found = _named_objects()
+    assert "examples.support_agent:agent" in found, found  # the scan sees the pages
+    assert "criogen-graph --help" in {w for ws in found.values() for w in ws}, found
+    monkeypatch.chdir(ROOT)
+    broken = {}
+    for name, where in found.items():
+        try:
+            import_object(name, "--agent")
+        except CliError as exc:
+            broken[name] = (where, str(exc))
+    assert not broken, broken
