@@ -44,7 +44,7 @@ run the command again with the same --thread to continue it, from any process.
 """
 
 _CHAT_EPILOG = f"""\
-models (--model, or ${MODEL_ENV}):
+models (--model; without it the model of a --tools Agent, else ${MODEL_ENV}):
   provider:model   openai:gpt-5-mini, anthropic:claude-sonnet-4-5, gemini:gemini-2.5-flash,
                    openrouter:..., azure:...; the key comes from the environment or .env
   fake             echoes what you write (no key, no network)
@@ -57,6 +57,7 @@ at the prompt:
   Ctrl-C while an answer streams cancels the run; it is saved and /retry continues it.
 
 examples:
+  criogen-graph chat --tools examples.support_agent:agent   # its own model: offline
   criogen-graph chat --model openai:gpt-5-mini
   criogen-graph chat --model anthropic:claude-sonnet-4-5 --tools examples.support_agent:agent \\
       --instructions "You are a support agent." --thread ticket-42
@@ -222,7 +223,8 @@ _CHAT_OPTIONS = (
         "--model",
         type=model_choice,
         metavar="MODEL",
-        help=f"provider:model, 'fake', or a FakeModel script file (default: ${MODEL_ENV})",
+        help="provider:model, 'fake', or a FakeModel script file (default: the model of a "
+        f"--tools Agent, else ${MODEL_ENV})",
     ),
     _storage(f"where the thread is kept (default: ${STORAGE_ENV} or {DEFAULT_STORAGE})"),
     _opt(
