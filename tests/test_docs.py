@@ -349,6 +349,24 @@ def test_mkdocs_build_is_strict_and_every_page_is_built(site: Path) -> None:
         assert built.is_file(), f"{page} was not built ({built})"
 
 
+def _toc(site: Path, page: str) -> list[str]:
+    """The anchors of a built page's table of contents (the theme's right-hand sidebar)."""
+    html = (site / page / "index.html").read_text(encoding="utf-8")
+    start = html.index("md-sidebar--secondary")
+    return re.findall(r'href="#([^"]+)"', html[start : html.index("md-content", start)])
+
+
+def test_long_pages_have_a_table_of_contents(site: Path) -> None:
+    """A reader finds the part of a long page from its table of contents: the Scaling
+    page's sections, and the approvals page's rules split under their own headings."""
+    scaling = _toc(site, "concepts/scaling")
+    for anchor in ("cancelled-and-failed-runs", "heartbeats-and-a-worker-that-dies", "measured"):
+        assert anchor in scaling, scaling
+    approvals = _toc(site, "concepts/approvals")
+    for anchor in ("what-needs-approval", "the-answers", "pinned-answers"):
+        assert anchor in approvals, approvals
+
+
 #: Pages checked in the browser (and screenshotted): home, a concept page, an API page.
 RENDERED = {
     "home": ("index.html", "criogen_graph"),
