@@ -425,6 +425,62 @@ def test_pages_render_in_a_browser(site: Path) -> None:
             browser.close()
 
 
+#: Code blocks are written to fit the theme's content column at 1280 px (about 81
+#: characters of its code font); program output (```text) wraps in the page instead.
+CODE_WIDTH = 80
+
+#: Every pre block, and the code inside it that scrolls, wider than it is shown.
+_SCROLLING = """() => [...document.querySelectorAll('article pre, article pre > code')]
+  .filter(e => e.scrollWidth > e.clientWidth)
+  .map(e => `${e.scrollWidth} > ${e.clientWidth} px: ` + e.innerText.split('\\n')
+    .reduce((a, line) => (line.length > a.length ? line : a), ''))"""
+
+
+def test_code_lines_fit_the_page() -> None:
+    """Without a browser too: no line of a code block on the site is longer than its
+    column shows (README.md is read on its forge, at another width)."""
+    long = [
+        f"{b.id}: {line}"
+        for b in ALL
+        if b.page != ROOT / "README.md" and b.lang not in ("text", "mermaid")
+        for line in b.code.splitlines()
+        if len(line) > CODE_WIDTH
+    ]
+    assert not long, "\n".join(long)
+
+
+def test_no_code_block_scrolls_sideways_at_1280_px(site: Path) -> None:
+    """Every page, as Chromium lays it out 1280 px wide: no code block (programs,
+    commands, output, API signatures) is wider than its box."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    executable = _chromium()
+    if executable is None:
+        pytest.skip("no chromium on PATH (apt-get install chromium): widths not measured")
+    pages = sorted(site.rglob("index.html"))
+    assert len(pages) >= 30
+    scrolling: dict[str, list[str]] = {}
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            for built in pages:
+                page.goto(built.as_uri())
+                wide = page.evaluate(_SCROLLING)
+                if wide:
+                    scrolling[str(built.relative_to(site))] = wide
+            # The check measures: a line that cannot fit does scroll.
+            page.goto((site / "index.html").as_uri())
+            page.evaluate(
+                """() => { const c = document.querySelector(
+                    'article .language-python pre > code');
+                c.textContent = 'x'.repeat(300); }"""
+            )
+            assert page.evaluate(_SCROLLING), "a 300-character line did not scroll"
+        finally:
+            browser.close()
+    assert not scrolling, scrolling
+
+
 # -- the demo's inspect command --------------------------------------------------------
 
 
