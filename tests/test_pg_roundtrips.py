@@ -199,3 +199,40 @@ async def test_a_cancel_while_the_held_back_input_is_being_saved_keeps_it(
     finally:
         await fresh.close()
     assert reply.text == "answered"
+
+
+async def test_opening_a_set_up_database_costs_one_round_trip_beyond_connecting(
+    proxy: PgProxy,
+) -> None:
+    """A worker or web process that opens its storage per request pays the opening each
+    time: on a database already set up it connects (the lock session and the pool's
+    first connection, side by side) and reads one row set, the schema version with the
+    encryption claim; no setup lock, no migration checks."""
+
+    async def quiet() -> None:
+        # Every connection closed before has ended (its goodbye counted) before counting.
+        deadline = asyncio.get_running_loop().time() + 10
+        while proxy.open_connections():
+            assert asyncio.get_running_loop().time() < deadline, proxy.open_connections()
+            await asyncio.sleep(0.001)
+        proxy.reset()
+
+    first = Storage(proxy.url)
+    await first.open()  # sets the tables up if this database is new
+    await first.close()
+    await quiet()
+    conn = await psycopg.AsyncConnection.connect(proxy.url)
+    per_connection = proxy.round_trips()
+    await conn.close()
+    for _ in range(3):
+        await quiet()
+        before = proxy.connections()
+        storage = Storage(proxy.url)
+        await storage.open()
+        try:
+            opened = proxy.connections() - before
+            statements = proxy.round_trips() - opened * per_connection
+            assert opened <= 2, opened
+            assert statements <= 1, statements
+        finally:
+            await storage.close()
