@@ -88,6 +88,18 @@ def _info(row: Mapping[str, Any]) -> RunInfo:
     return RunInfo(**{k: row[k] for k in RunInfo.__dataclass_fields__})
 
 
+def _pool(**kwargs: Any) -> Any:
+    """procrastinate's pool, with a check of each connection it hands out that costs no
+    round trip (procrastinate's own, `check_connection`, costs one per statement): a
+    connection the server ended is still found and replaced (`check_pooled`)."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from criogen_graph.adapters.storage.postgres import check_pooled
+
+    kwargs["check"] = check_pooled
+    return AsyncConnectionPool(**kwargs)
+
+
 class PgQueue:
     """One event loop's connection to the queue of one storage."""
 
@@ -102,7 +114,7 @@ class PgQueue:
             raise _missing_extra() from None
         await _setup(self.storage.url)
         connector = procrastinate.PsycopgConnector(
-            conninfo=self.storage.url, min_size=1, max_size=max_size
+            conninfo=self.storage.url, min_size=1, max_size=max_size, pool_factory=_pool
         )
         app = procrastinate.App(connector=connector)
         await app.open_async()

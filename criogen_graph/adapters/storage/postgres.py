@@ -170,6 +170,25 @@ def connection_lost(exc: BaseException, conn: Any = None) -> bool:
     return state.startswith("08") or state in _SESSION_ENDED
 
 
+async def check_pooled(conn: Any) -> None:
+    """A pool's `check` that costs no round trip while the connection looks fine: an idle
+    connection the server ended (a restart, `pg_terminate_backend`) is closed locally or
+    has the server's goodbye waiting on its socket; only then is it asked (psycopg_pool's
+    `check_connection`, which raises for a dead one, so the pool hands out another)."""
+    if conn.closed or conn.broken:
+        import psycopg
+
+        raise psycopg.OperationalError("the connection is closed")
+    try:
+        waiting = bool(select.select([conn.pgconn.socket], [], [], 0)[0])
+    except (OSError, ValueError):  # pragma: no cover - a closed socket
+        waiting = True
+    if waiting:
+        from psycopg_pool import AsyncConnectionPool
+
+        await AsyncConnectionPool.check_connection(conn)
+
+
 def statement_failed(exc: BaseException) -> StorageError:
     """The error for a statement PostgreSQL refused (the connection is fine)."""
     text = str(exc).strip()
@@ -983,7 +1002,10 @@ class PostgresBackend(Backend):
                 readable = select.select([conn.pgconn.socket], [], [], 0)[0]
             except (OSError, ValueError):  # pragma: no cover - a closed socket
                 readable = [True]
-            if not readable:
+            if not readable or self._lock_guard.locked():
+                # (Locked: the session's runs share it, and what waits on the socket is
+                # likely the answer to another run's statement in flight; the fence
+                # decides, without a round trip more.)
                 return int(epoch)
             if await uncancelled(self._alive(conn)):
                 return int(epoch)  # only a notice: the session is alive
