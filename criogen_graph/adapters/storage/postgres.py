@@ -123,6 +123,7 @@ def schema_version(migrations: int) -> bytes:
     digest = hashlib.blake2b("\0".join(_SCHEMA).encode(), digest_size=8).hexdigest()
     return f"criogen:{digest};langgraph:{migrations}".encode()
 
+
 #: How long opening a storage (or its first use of memory) may wait for the tables to be
 #: set up, another process's setup included, before `StorageError("setup_timeout")`.
 SETUP_WAIT_SECS = 120.0
