@@ -89,14 +89,25 @@ def _info(row: Mapping[str, Any]) -> RunInfo:
 
 
 def _pool(**kwargs: Any) -> Any:
-    """procrastinate's pool, with a check of each connection it hands out that costs no
-    round trip (procrastinate's own, `check_connection`, costs one per statement): a
-    connection the server ended is still found and replaced (`check_pooled`)."""
+    """procrastinate's pool, one round trip per statement where it paid three or four:
+
+    - its connections in autocommit (each of procrastinate's statements, and each of
+      ours on them, is a single statement, atomic by itself; outside autocommit psycopg
+      sent a BEGIN before it and the pool a COMMIT after, a round trip each). Set by
+      `configure`: procrastinate opens its LISTEN connection with the pool's arguments
+      and `autocommit=True` of its own, so the pool's arguments cannot carry it;
+    - a check of each connection it hands out that costs no round trip (procrastinate's,
+      `check_connection`, costs one): a connection the server ended is still found and
+      replaced (`check_pooled`)."""
     from psycopg_pool import AsyncConnectionPool
 
     from criogen_graph.adapters.storage.postgres import check_pooled
 
+    async def configure(conn: Any) -> None:
+        await conn.set_autocommit(True)
+
     kwargs["check"] = check_pooled
+    kwargs["configure"] = configure
     return AsyncConnectionPool(**kwargs)
 
 
