@@ -643,8 +643,12 @@ async def _run_call(
     thread: Thread[Any],
     body: Mapping[str, Any],
     busy: bool,
+    *,
+    ask_pending: bool = True,
 ) -> _Action:
-    """The Thread call a run body asks for: a new message, an answer, or a retry."""
+    """The Thread call a run body asks for: a new message, an answer, or a retry.
+    `ask_pending=False`: a message to a thread waiting for approval is refused by the
+    thread itself when the run starts (it checks under its lock anyway), not here."""
     command = body.get("command")
     has_input = body.get("input") is not None
     if has_input and command is not None:
@@ -680,14 +684,16 @@ async def _run_call(
         return _resume_call(command["resume"], expected, interrupt_ids)
     if has_input:
         text, state = read_input(body["input"])
-        if not busy and await thread.pending_approvals():
-            raise BadRequest(
-                409,
-                f"thread {thread.id!r} waits for approval: answer it with "
-                "command={'resume': ...} first",
-            )
+        if not busy and ask_pending and await thread.pending_approvals():
+            raise BadRequest(409, _waits_for_approval(thread.id))
         return _Action("send", {"input": text, "state": state})
     return _Action("retry", {})
+
+
+def _waits_for_approval(thread_id: str) -> str:
+    return (
+        f"thread {thread_id!r} waits for approval: answer it with command={{'resume': ...}} first"
+    )
 
 
 async def _start_run(
@@ -723,7 +729,10 @@ async def _start_run(
             409, f"thread {thread_id!r} is already running a run (multitask_strategy='reject')"
         )
     thread = agent.thread(thread_id, actor=who)
-    action = await _run_call(server, record, thread, body, busy)
+    # A `wait` run in this process answers from its own end: a refusal of the thread
+    # (it waits for approval) comes back as the same 409, without a state read first.
+    here_waited = not followed and not server.workers
+    action = await _run_call(server, record, thread, body, busy, ask_pending=not here_waited)
     now = now_iso()
     run_record = {
         "run_id": str(uuid.uuid4()),
@@ -736,10 +745,19 @@ async def _start_run(
         "multitask_strategy": strategy,
         "kwargs": {"stream_mode": sorted(modes)},
     }
-    await server.records.put_run(run_record)
+    changed = None
     if record.get("assistant_id") != agent.name:
-        await server.records.touch_thread(thread_id, assistant_id=agent.name)
-        record = {**record, "assistant_id": agent.name}
+        # The thread's record as this request read it (its owner never changes).
+        record = changed = {**record, "assistant_id": agent.name, "updated_at": now}
+    save = server.records.start_run(run_record, changed)
+    saved = None
+    if here_waited and server.storage.scheme == "postgres":
+        # Its client learns the run's id from the answer only: the record is saved
+        # while the run runs (and before its end is). Not on SQLite, where writers
+        # take turns on the file: the run's own writes would wait for these.
+        saved = asyncio.ensure_future(save)
+    else:
+        await save
     options = {"on_disconnect": on_disconnect}
     if server.workers:
         await _queue_run(server, thread, action, run_record)
@@ -751,7 +769,15 @@ async def _start_run(
         snap = await server.snapshot(record)
         return dict(snap.values or {}), list(snap.interrupts or ())
 
-    run = server.runs.start(run_record, modes, action.call(thread), before, read_state)
+    run = server.runs.start(
+        run_record,
+        modes,
+        action.call(thread),
+        before,
+        read_state,
+        saved=saved,
+        refusable=here_waited and action.name == "send" and not busy,
+    )
     return run, run.record, options
 
 
@@ -840,6 +866,8 @@ async def _outcome(server: _Server, run: Run) -> Response:
     error = run.error
     if isinstance(error, asyncio.CancelledError):
         raise BadRequest(409, f"run {run.id} was cancelled")
+    if isinstance(error, ThreadSuspendedError) and run.refusable:
+        raise BadRequest(409, _waits_for_approval(run.thread_id))
     if isinstance(error, ValidationError | ThreadBusyError | ThreadSuspendedError):
         raise BadRequest(error_status(error), str(error))
     if error is not None:
