@@ -207,7 +207,12 @@ class _Server:
         return record
 
     def thread_agent(self, record: Mapping[str, Any]) -> Agent[Any]:
-        agent = self.agents.get(str(record.get("assistant_id")))
+        name = record.get("assistant_id")
+        if name is None:
+            # Its first run may not have saved the thread's record yet (see `Run`).
+            runs = self.runs.of_thread(str(record["thread_id"]))
+            name = runs[-1].record["assistant_id"] if runs else None
+        agent = self.agents.get(str(name))
         return agent if agent is not None else next(iter(self.agents.values()))
 
     async def graph(self, agent: Agent[Any]) -> Any:
@@ -749,15 +754,17 @@ async def _start_run(
     if record.get("assistant_id") != agent.name:
         # The thread's record as this request read it (its owner never changes).
         record = changed = {**record, "assistant_id": agent.name, "updated_at": now}
-    save = server.records.start_run(run_record, changed)
     saved = None
-    if here_waited and server.storage.scheme == "postgres":
-        # Its client learns the run's id from the answer only: the record is saved
-        # while the run runs (and before its end is). Not on SQLite, where writers
-        # take turns on the file: the run's own writes would wait for these.
-        saved = asyncio.ensure_future(save)
-    else:
-        await save
+    # A `wait`'s client learns the run's id from the answer only: its record need not
+    # be saved before the run starts. On PostgreSQL it is saved while the run runs (and
+    # before its end is), for the other server processes; on a storage of one process
+    # this process answers for it from memory, and saves it once, when it ends (on
+    # SQLite writers take turns on the file: the run's own writes would wait for it).
+    unsaved = here_waited and server.storage.scheme != "postgres"
+    if here_waited and not unsaved:
+        saved = asyncio.ensure_future(server.records.start_run(run_record, changed))
+    elif not unsaved:
+        await server.records.start_run(run_record, changed)
     options = {"on_disconnect": on_disconnect}
     if server.workers:
         await _queue_run(server, thread, action, run_record)
@@ -776,6 +783,8 @@ async def _start_run(
         before,
         read_state,
         saved=saved,
+        unsaved=unsaved,
+        thread_change=changed if unsaved else None,
         refusable=here_waited and action.name == "send" and not busy,
     )
     return run, run.record, options
@@ -908,11 +917,17 @@ async def list_runs(server: _Server, request: Request, who: str | None) -> Respo
     limit = _int(request.query_params.get("limit"), "limit", 10, high=1000)
     offset = _int(request.query_params.get("offset"), "offset", 0)
     status = request.query_params.get("status")
-    runs = [
-        r
-        for r in [await server.settled(r) for r in await server.records.runs(record["thread_id"])]
-        if status is None or r.get("status") == status
+    # The runs this process keeps are told as they are now (a saved record may not
+    # have their last status yet, or not be saved yet: see `Run`).
+    here = {r.id: r.record for r in server.runs.of_thread(record["thread_id"])}
+    stored = await server.records.runs(record["thread_id"])
+    records = [
+        here.pop(str(r["run_id"])) if str(r["run_id"]) in here else await server.settled(r)
+        for r in stored
     ]
+    records.extend(here.values())
+    records.sort(key=lambda r: str(r.get("created_at")), reverse=True)
+    runs = [r for r in records if status is None or r.get("status") == status]
     return _json(runs[offset : offset + limit])
 
 

@@ -78,6 +78,11 @@ class Run:
     #: Its record's first save, when it is made while the run runs (a `wait`, whose
     #: client learns the run's id only from the answer): awaited before the end's.
     saved: asyncio.Future[Any] | None = None
+    #: Not saved before it ends (a `wait` on a storage of one process, which answers
+    #: for it from memory until then): saved at its end, with this changed record of
+    #: its thread if there is one.
+    unsaved: bool = False
+    thread_change: dict[str, Any] | None = None
     #: Its Thread call may be refused because the thread waits for approval (the
     #: request did not ask first): the refusal then leaves no run behind, as if the
     #: request had been refused before the run was made.
@@ -236,6 +241,10 @@ class Runs:
     def get(self, run_id: str) -> Run | None:
         return self._runs.get(run_id)
 
+    def of_thread(self, thread_id: str) -> list[Run]:
+        """The runs of this process on the thread that it still keeps, oldest first."""
+        return [r for r in list(self._runs.values()) if r.thread_id == thread_id]
+
     def busy(self, thread_id: str) -> bool:
         """A run of this process is queued or running on the thread."""
         return any(
@@ -251,12 +260,15 @@ class Runs:
         read_state: ReadState,
         *,
         saved: asyncio.Future[Any] | None = None,
+        unsaved: bool = False,
+        thread_change: dict[str, Any] | None = None,
         refusable: bool = False,
     ) -> Run:
         """Queue `call` (a `Thread` stream call) as a run of its thread (`saved`,
-        `refusable`: see `Run`)."""
+        `unsaved`, `thread_change`, `refusable`: see `Run`)."""
         run = self._new(record, modes, 0, 1)
         run.saved, run.refusable = saved, refusable
+        run.unsaved, run.thread_change = unsaved, thread_change
         run.task = asyncio.ensure_future(self._execute(run, call, before, read_state))
         return run
 
@@ -357,6 +369,10 @@ class Runs:
 
     async def _refused(self, run: Run) -> None:
         """The thread refused the run before it started: its record and events go."""
+        if self._runs.get(run.id) is run:
+            del self._runs[run.id]
+        if run.unsaved:
+            return
         await self._first_saved(run)
         with contextlib.suppress(Exception):
             if self.events is not None:
@@ -366,7 +382,11 @@ class Runs:
 
     async def _set_status(self, run: Run, status: str) -> None:
         run.record.update(status=status, updated_at=now_iso())
-        await self.records.put_run(run.record)
+        if run.unsaved:
+            await self.records.start_run(run.record, run.thread_change)
+            run.unsaved = False
+        else:
+            await self.records.put_run(run.record)
 
     async def shutdown(self) -> None:
         """Cancel every run of this process and wait until each is saved."""
