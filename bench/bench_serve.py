@@ -155,10 +155,12 @@ def serve(storage: str, root: Path = ROOT) -> Iterator[str]:
 @contextmanager
 def serve_pid(storage: str, root: Path = ROOT) -> Iterator[tuple[str, int]]:
     port = _free_port()
-    args = [sys.executable, "-m", "criogen_graph", "serve", "--agent", "bench/bench_serve.py:agent"]
-    args += ["--agent", "bench/bench_serve.py:stamp", "--agent", "bench/bench_serve.py:ticker"]
-    # The agents always come from this checkout: only the server's code is compared.
-    with _process([*args, "--storage", storage, "--port", str(port)], ROOT, port, root) as up:
+    args = [sys.executable, "-m", "criogen_graph", "serve"]
+    # The agents always come from this file: only the server's code is compared. The
+    # server starts in `root` (`python -m` imports the package from its directory).
+    for name in ("agent", "stamp", "ticker"):
+        args += ["--agent", f"{Path(__file__).resolve()}:{name}"]
+    with _process([*args, "--storage", storage, "--port", str(port)], root, port, root) as up:
         yield up
 
 
