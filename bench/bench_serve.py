@@ -106,13 +106,15 @@ def _free_port() -> int:
         return port
 
 
-def _wait_up(url: str, proc: subprocess.Popen[bytes], within: float = 60) -> None:
+def _wait_up(
+    url: str, proc: subprocess.Popen[bytes], within: float = 60, health: str = "/ok"
+) -> None:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"server exited with {proc.returncode}")
         try:
-            if httpx.get(f"{url}/ok", timeout=1).status_code == 200:
+            if httpx.get(f"{url}{health}", timeout=1).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -121,9 +123,17 @@ def _wait_up(url: str, proc: subprocess.Popen[bytes], within: float = 60) -> Non
 
 
 @contextmanager
-def _process(args: list[str], cwd: Path, port: int, root: Path = ROOT) -> Iterator[tuple[str, int]]:
+def _process(
+    args: list[str],
+    cwd: Path,
+    port: int,
+    root: Path = ROOT,
+    env_extra: dict[str, str] | None = None,
+    health: str = "/ok",
+) -> Iterator[tuple[str, int]]:
     env = {**os.environ, "PYTHONPATH": str(root), "LANGGRAPH_CLI_NO_ANALYTICS": "1"}
     env["LANGSMITH_TRACING"] = "false"
+    env.update(env_extra or {})
     proc = subprocess.Popen(
         args,
         cwd=cwd,
@@ -134,7 +144,7 @@ def _process(args: list[str], cwd: Path, port: int, root: Path = ROOT) -> Iterat
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_up(url, proc)
+        _wait_up(url, proc, health=health)
         yield url, proc.pid
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -175,6 +185,32 @@ def langgraph_dev(work: Path) -> Iterator[str]:
     port = _free_port()
     args = [sys.executable, "-m", "langgraph_cli", "dev", "--no-browser", "--no-reload"]
     with _process([*args, "--host", "127.0.0.1", "--port", str(port)], project, port) as (url, _):
+        yield url
+
+
+@contextmanager
+def aegra(work: Path, python: str, database: str) -> Iterator[str]:
+    """aegra-api (installed in its own environment, whose `python` is given) serving
+    this file's `graph` as `bench`, on PostgreSQL `database` (its own tables there)."""
+    project = work / "aegra"
+    project.mkdir()
+    shutil.copy(Path(__file__), project / "bench_graph.py")
+    (project / "aegra.json").write_text(json.dumps({"graphs": {"bench": "./bench_graph.py:graph"}}))
+    port = _free_port()
+    args = [python, "-m", "uvicorn", "aegra_api.main:app", "--host", "127.0.0.1"]
+    env = {
+        "AEGRA_CONFIG": "aegra.json",
+        "DATABASE_URL": database,
+        "AUTH_TYPE": "noop",
+        "LOG_LEVEL": "WARNING",
+    }
+    with _process(
+        [*args, "--port", str(port), "--log-level", "warning"],
+        project,
+        port,
+        env_extra=env,
+        health="/health",
+    ) as (url, _):
         yield url
 
 
@@ -338,6 +374,9 @@ async def open_streams(storage: str, count: int, ticks: int, every: float) -> di
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * count + 256)), hard))
     latencies: list[float] = []
+    #: Those of events before each stream's last (the runs' ends, saved as the last
+    #: pieces of others are written, are not among them).
+    steady: list[float] = []
     with serve_pid(storage) as (url, pid):
         port = int(url.rsplit(":", 1)[1])
         limits = httpx.Limits(max_connections=20)
@@ -348,7 +387,7 @@ async def open_streams(storage: str, count: int, ticks: int, every: float) -> di
         await asyncio.sleep(1)
         idle_mb = _rss_mb(pid)
         # Every stream is open before the first piece is written.
-        start = time.time() + 10 + count * 0.01
+        start = time.time() + 15 + count * 0.02
         plans = [
             {"start": start, "phase": every * i / count, "ticks": ticks, "every": every}
             for i in range(count)
@@ -371,8 +410,11 @@ async def open_streams(storage: str, count: int, ticks: int, every: float) -> di
                 buffer += chunk
                 end = 0
                 for match in _STAMP.finditer(buffer):
-                    latencies.append((seen - float(match.group(1))) * 1000)
+                    latency = (seen - float(match.group(1))) * 1000
+                    latencies.append(latency)
                     got += 1
+                    if got < ticks:
+                        steady.append(latency)
                     end = match.end()
                 buffer = buffer[end:] if end else buffer[-4096:]
             writer.close()
@@ -401,6 +443,8 @@ async def open_streams(storage: str, count: int, ticks: int, every: float) -> di
         "latency_p50_ms": _pct(latencies, 50),
         "latency_p99_ms": _pct(latencies, 99),
         "latency_max_ms": max(latencies),
+        "latency_before_last_p50_ms": _pct(steady, 50),
+        "latency_before_last_p99_ms": _pct(steady, 99),
     }
 
 
@@ -426,9 +470,16 @@ async def main() -> None:
     parser.add_argument("--ticks", type=int, default=5, help="events per open stream")
     parser.add_argument("--every", type=float, default=1.0, help="seconds between them")
     parser.add_argument(
-        "--aegra",
-        help="URL of an aegra-api server serving this file's `graph` as `bench` (started "
-        "apart: it needs its own environment), measured with the 50 clients too",
+        "--aegra-python",
+        help="the python of an environment with aegra-api installed (its dependencies "
+        "differ from ours: install it apart, e.g. `python -m venv .venv-aegra && "
+        ".venv-aegra/bin/pip install aegra-api greenlet`, plus this package's own "
+        "dependencies): measured with the concurrent clients too",
+    )
+    parser.add_argument(
+        "--aegra-db",
+        default=PG_URL,
+        help="PostgreSQL database for aegra-api's own tables (default: the bench's)",
     )
     args = parser.parse_args()
     only = set(args.only or ["first-token", "overhead", "concurrent", "streams"])
@@ -453,8 +504,9 @@ async def main() -> None:
             if not args.no_pg:
                 with serve(PG_URL) as url:
                     show("serve_pg_concurrent", await concurrent(url, args.runs, args.clients))
-            if args.aegra:
-                show("aegra_concurrent", await concurrent(args.aegra, args.runs, args.clients))
+            if args.aegra_python:
+                with aegra(work, args.aegra_python, args.aegra_db) as url:
+                    show("aegra_concurrent", await concurrent(url, args.runs, args.clients))
             if not args.no_dev:
                 with langgraph_dev(work) as url:
                     show("langgraph_dev_concurrent", await concurrent(url, args.runs, args.clients))
