@@ -501,6 +501,12 @@ async def main() -> None:
         if "concurrent" in only:
             with serve(f"sqlite:///{work / 'concurrent.db'}") as url:
                 show("serve_sqlite_concurrent", await concurrent(url, args.runs, args.clients))
+            if args.baseline:
+                with serve(f"sqlite:///{work / 'concurrent-base.db'}", args.baseline) as url:
+                    show(
+                        "baseline_sqlite_concurrent",
+                        await concurrent(url, args.runs, args.clients),
+                    )
             if not args.no_pg:
                 with serve(PG_URL) as url:
                     show("serve_pg_concurrent", await concurrent(url, args.runs, args.clients))
@@ -516,6 +522,11 @@ async def main() -> None:
                 "open_streams_sqlite",
                 await open_streams(sqlite, args.streams, args.ticks, args.every),
             )
+            if not args.no_pg:
+                show(
+                    "open_streams_postgres",
+                    await open_streams(PG_URL, args.streams, args.ticks, args.every),
+                )
     print(json.dumps(results, indent=2))
 
 
