@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +19,7 @@ import pytest
 from criogen_graph import Storage
 from criogen_graph.serve._records import Records
 from tests.conftest import PG_URL, require_postgres, wait_until
+from tests.serve_agents import CHUNKS
 from tests.test_serve import REFUND, Server, _client, serve
 
 pytest.importorskip("langgraph_sdk")
@@ -137,3 +139,33 @@ async def test_a_wait_is_listed_while_it_runs_and_saved_as_it_ended(
 
 async def _equals(read: Any, wanted: Any) -> bool:
     return bool(await read() == wanted)
+
+
+async def test_a_waited_run_is_followed_from_another_server_with_every_event(
+    server: Server, client: Any, tmp_path: Path
+) -> None:
+    if not server.storage.startswith("postgres"):
+        pytest.skip("one serve process per SQLite storage")
+    thread_id = (await client.threads.create())["thread_id"]
+    out = await client.runs.wait(thread_id, "chunky", input={"messages": ["go"]})
+    assert out["messages"][-1]["content"] == "".join(CHUNKS)
+    (run,) = await client.runs.list(thread_id)
+    modes = ["values", "updates", "messages-tuple", "custom"]
+
+    async def followed(c: Any) -> list[tuple[str | None, str, Any]]:
+        stream = c.runs.join_stream(thread_id, run["run_id"], stream_mode=modes)
+        return [(p.id, p.event, p.data) async for p in stream]
+
+    here = await followed(client)
+    with serve(server.storage, tmp_path) as other:
+        b = _client(other.url)
+        try:
+            there = await followed(b)
+        finally:
+            await b.aclose()
+    # The other server tells the same events, with the same ids, as the one that ran it.
+    assert there == here
+    assert there[0][1] == "metadata" and there[0][0] == "1"
+    texts = [d["text"] for _, e, d in there if e == "custom" and d["type"] == "text"]
+    assert texts == CHUNKS
+    assert there[-1][1] == "values" and there[-1][2] == out

@@ -786,6 +786,9 @@ async def _start_run(
         unsaved=unsaved,
         thread_change=changed if unsaved else None,
         refusable=here_waited and action.name == "send" and not busy,
+        # Its client waits for its end: its events reach the other server processes
+        # then, all at once (the run does not share the database with their writes).
+        publish_at_end=here_waited,
     )
     return run, run.record, options
 

@@ -83,6 +83,9 @@ class Run:
     #: its thread if there is one.
     unsaved: bool = False
     thread_change: dict[str, Any] | None = None
+    #: Its events go to the other server processes (PostgreSQL) when it ends, in one
+    #: batch, rather than as they come (a `wait`, whose client waits for the end).
+    publish_at_end: bool = False
     #: Its Thread call may be refused because the thread waits for approval (the
     #: request did not ask first): the refusal then leaves no run behind, as if the
     #: request had been refused before the run was made.
@@ -263,10 +266,12 @@ class Runs:
         unsaved: bool = False,
         thread_change: dict[str, Any] | None = None,
         refusable: bool = False,
+        publish_at_end: bool = False,
     ) -> Run:
         """Queue `call` (a `Thread` stream call) as a run of its thread (`saved`,
-        `unsaved`, `thread_change`, `refusable`: see `Run`)."""
-        run = self._new(record, modes, 0, 1)
+        `unsaved`, `thread_change`, `refusable`, `publish_at_end`: see `Run`)."""
+        run = self._new(record, modes, 0, 1, live=not publish_at_end)
+        run.publish_at_end = publish_at_end and self.events is not None
         run.saved, run.refusable = saved, refusable
         run.unsaved, run.thread_change = unsaved, thread_change
         run.task = asyncio.ensure_future(self._execute(run, call, before, read_state))
@@ -289,9 +294,17 @@ class Runs:
         await self._execute(run, call, before, read_state)
         return run
 
-    def _new(self, record: dict[str, Any], modes: frozenset[str], after: int, attempt: int) -> Run:
+    def _new(
+        self,
+        record: dict[str, Any],
+        modes: frozenset[str],
+        after: int,
+        attempt: int,
+        *,
+        live: bool = True,
+    ) -> Run:
         run = Run(record, modes, offset=after)
-        if self.events is not None:
+        if self.events is not None and live:
             run.publish = self.events.publish
         self._runs[run.id] = run
         self._forget_old()
@@ -356,6 +369,10 @@ class Runs:
         """Save the run's end: its events first (a follower in another process stops
         when it reads an ended run, so every event must be there by then)."""
         await self._first_saved(run)
+        if run.publish_at_end and self.events is not None:
+            for seq, mode, event, data in run.events:
+                value = data() if isinstance(data, _Partial) else data
+                self.events.publish(run.id, seq, mode, event, value)
         with contextlib.suppress(Exception):
             if self.events is not None:
                 await asyncio.shield(self.events.flushed())
