@@ -207,7 +207,12 @@ class _Server:
         return record
 
     def thread_agent(self, record: Mapping[str, Any]) -> Agent[Any]:
-        agent = self.agents.get(str(record.get("assistant_id")))
+        name = record.get("assistant_id")
+        if name is None:
+            # Its first run may not have saved the thread's record yet (see `Run`).
+            runs = self.runs.of_thread(str(record["thread_id"]))
+            name = runs[-1].record["assistant_id"] if runs else None
+        agent = self.agents.get(str(name))
         return agent if agent is not None else next(iter(self.agents.values()))
 
     async def graph(self, agent: Agent[Any]) -> Any:
@@ -643,8 +648,12 @@ async def _run_call(
     thread: Thread[Any],
     body: Mapping[str, Any],
     busy: bool,
+    *,
+    ask_pending: bool = True,
 ) -> _Action:
-    """The Thread call a run body asks for: a new message, an answer, or a retry."""
+    """The Thread call a run body asks for: a new message, an answer, or a retry.
+    `ask_pending=False`: a message to a thread waiting for approval is refused by the
+    thread itself when the run starts (it checks under its lock anyway), not here."""
     command = body.get("command")
     has_input = body.get("input") is not None
     if has_input and command is not None:
@@ -680,14 +689,16 @@ async def _run_call(
         return _resume_call(command["resume"], expected, interrupt_ids)
     if has_input:
         text, state = read_input(body["input"])
-        if not busy and await thread.pending_approvals():
-            raise BadRequest(
-                409,
-                f"thread {thread.id!r} waits for approval: answer it with "
-                "command={'resume': ...} first",
-            )
+        if not busy and ask_pending and await thread.pending_approvals():
+            raise BadRequest(409, _waits_for_approval(thread.id))
         return _Action("send", {"input": text, "state": state})
     return _Action("retry", {})
+
+
+def _waits_for_approval(thread_id: str) -> str:
+    return (
+        f"thread {thread_id!r} waits for approval: answer it with command={{'resume': ...}} first"
+    )
 
 
 async def _start_run(
@@ -723,7 +734,10 @@ async def _start_run(
             409, f"thread {thread_id!r} is already running a run (multitask_strategy='reject')"
         )
     thread = agent.thread(thread_id, actor=who)
-    action = await _run_call(server, record, thread, body, busy)
+    # A `wait` run in this process answers from its own end: a refusal of the thread
+    # (it waits for approval) comes back as the same 409, without a state read first.
+    here_waited = not followed and not server.workers
+    action = await _run_call(server, record, thread, body, busy, ask_pending=not here_waited)
     now = now_iso()
     run_record = {
         "run_id": str(uuid.uuid4()),
@@ -736,10 +750,21 @@ async def _start_run(
         "multitask_strategy": strategy,
         "kwargs": {"stream_mode": sorted(modes)},
     }
-    await server.records.put_run(run_record)
+    changed = None
     if record.get("assistant_id") != agent.name:
-        await server.records.touch_thread(thread_id, assistant_id=agent.name)
-        record = {**record, "assistant_id": agent.name}
+        # The thread's record as this request read it (its owner never changes).
+        record = changed = {**record, "assistant_id": agent.name, "updated_at": now}
+    saved = None
+    # A `wait`'s client learns the run's id from the answer only: its record need not
+    # be saved before the run starts. On PostgreSQL it is saved while the run runs (and
+    # before its end is), for the other server processes; on a storage of one process
+    # this process answers for it from memory, and saves it once, when it ends (on
+    # SQLite writers take turns on the file: the run's own writes would wait for it).
+    unsaved = here_waited and server.storage.scheme != "postgres"
+    if here_waited and not unsaved:
+        saved = asyncio.ensure_future(server.records.start_run(run_record, changed))
+    elif not unsaved:
+        await server.records.start_run(run_record, changed)
     options = {"on_disconnect": on_disconnect}
     if server.workers:
         await _queue_run(server, thread, action, run_record)
@@ -751,7 +776,20 @@ async def _start_run(
         snap = await server.snapshot(record)
         return dict(snap.values or {}), list(snap.interrupts or ())
 
-    run = server.runs.start(run_record, modes, action.call(thread), before, read_state)
+    run = server.runs.start(
+        run_record,
+        modes,
+        action.call(thread),
+        before,
+        read_state,
+        saved=saved,
+        unsaved=unsaved,
+        thread_change=changed if unsaved else None,
+        refusable=here_waited and action.name == "send" and not busy,
+        # Its client waits for its end: its events reach the other server processes
+        # then, all at once (the run does not share the database with their writes).
+        publish_at_end=here_waited,
+    )
     return run, run.record, options
 
 
@@ -840,6 +878,8 @@ async def _outcome(server: _Server, run: Run) -> Response:
     error = run.error
     if isinstance(error, asyncio.CancelledError):
         raise BadRequest(409, f"run {run.id} was cancelled")
+    if isinstance(error, ThreadSuspendedError) and run.refusable:
+        raise BadRequest(409, _waits_for_approval(run.thread_id))
     if isinstance(error, ValidationError | ThreadBusyError | ThreadSuspendedError):
         raise BadRequest(error_status(error), str(error))
     if error is not None:
@@ -880,11 +920,17 @@ async def list_runs(server: _Server, request: Request, who: str | None) -> Respo
     limit = _int(request.query_params.get("limit"), "limit", 10, high=1000)
     offset = _int(request.query_params.get("offset"), "offset", 0)
     status = request.query_params.get("status")
-    runs = [
-        r
-        for r in [await server.settled(r) for r in await server.records.runs(record["thread_id"])]
-        if status is None or r.get("status") == status
+    # The runs this process keeps are told as they are now (a saved record may not
+    # have their last status yet, or not be saved yet: see `Run`).
+    here = {r.id: r.record for r in server.runs.of_thread(record["thread_id"])}
+    stored = await server.records.runs(record["thread_id"])
+    records = [
+        here.pop(str(r["run_id"])) if str(r["run_id"]) in here else await server.settled(r)
+        for r in stored
     ]
+    records.extend(here.values())
+    records.sort(key=lambda r: str(r.get("created_at")), reverse=True)
+    runs = [r for r in records if status is None or r.get("status") == status]
     return _json(runs[offset : offset + limit])
 
 

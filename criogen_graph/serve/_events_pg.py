@@ -60,7 +60,7 @@ class PgEvents:
         (a background worker executing a run)."""
         import psycopg
 
-        self._writer = await psycopg.AsyncConnection.connect(self.storage.url, autocommit=True)
+        self._writer = await self._connection(None, writer=True)
         async with self._writer.transaction():
             # Concurrent first starts: one creates the table, the others wait for it.
             await self._writer.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_TABLE,))
@@ -137,7 +137,7 @@ class PgEvents:
         try:
             if rows:
                 async with self._write_lock:
-                    self._writer = await self._connection(self._writer)
+                    self._writer = await self._connection(self._writer, writer=True)
                     await self._insert(rows)
         finally:
             # Whoever waits for a flush is let go even if the write failed (logged).
@@ -184,7 +184,7 @@ class PgEvents:
 
         async def run() -> None:
             async with self._write_lock:
-                self._writer = await self._connection(self._writer)
+                self._writer = await self._connection(self._writer, writer=True)
                 await self._writer.execute(statement, params)
 
         await asyncio.shield(asyncio.ensure_future(run()))
@@ -213,12 +213,20 @@ class PgEvents:
         does not cut the query: psycopg would close the shared connection)."""
         return await asyncio.shield(asyncio.ensure_future(self._rows(run_id, after)))
 
-    async def _connection(self, conn: Any) -> Any:
+    async def _connection(self, conn: Any, *, writer: bool = False) -> Any:
         if conn is not None and not conn.closed:
             return conn
         import psycopg
 
-        return await psycopg.AsyncConnection.connect(self.storage.url, autocommit=True)
+        conn = await psycopg.AsyncConnection.connect(self.storage.url, autocommit=True)
+        if writer:
+            # Its commits are seen by every session at once, and made durable by the
+            # next commit that waits for the disk: the run's next checkpoint, or its
+            # record saved as ended (which `Runs` saves after the events are flushed),
+            # so a run that ended never lost an event, and the run does not wait for
+            # the disk twice. (The log is written in order: that commit covers these.)
+            await conn.execute("SET synchronous_commit = off")
+        return conn
 
     async def _rows(self, run_id: str, after: int) -> list[tuple[int, str, str, Any]]:
         async with self._read_lock:
