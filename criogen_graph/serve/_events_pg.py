@@ -174,6 +174,37 @@ class PgEvents:
         await self.flushed()
         await self._shielded(f"DELETE FROM {_TABLE} WHERE run_id = ANY(%s)", (run_ids,))
 
+    async def fail(self, run_id: str, data: dict[str, Any]) -> None:
+        """End the events of `run_id` with an `error` event (unless its last one is
+        already an error): a run the workers never started has no events of its own,
+        and its followers, in every server process, must learn why it ended."""
+        await self.flushed()
+        kind, sealed = self._seal(data)
+
+        async def run() -> None:
+            async with self._write_lock:
+                self._writer = await self._connection(self._writer)
+                async with self._writer.transaction():
+                    cur = await self._writer.execute(
+                        f"SELECT seq, event FROM {_TABLE} WHERE run_id = %s "
+                        "ORDER BY seq DESC LIMIT 1",
+                        (run_id,),
+                    )
+                    last = await cur.fetchone()
+                    if last is not None and last[1] == "error":
+                        return
+                    # Two servers failing it at once: one row wins (same seq).
+                    await self._writer.execute(
+                        f"INSERT INTO {_TABLE} (run_id, seq, mode, event, kind, data) "
+                        "VALUES (%s, %s, 'error', 'error', %s, %s) ON CONFLICT DO NOTHING",
+                        (run_id, (last[0] if last else 0) + 1, kind, sealed),
+                    )
+                    await self._writer.execute(
+                        "SELECT pg_notify(%s, %s)", (_EVENTS_CHANNEL, run_id)
+                    )
+
+        await asyncio.shield(asyncio.ensure_future(run()))
+
     async def cancel(self, run_id: str) -> None:
         """Ask whichever server process runs `run_id` to cancel it."""
         await self._shielded("SELECT pg_notify(%s, %s)", (_CANCEL_CHANNEL, run_id))

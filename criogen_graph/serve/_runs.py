@@ -96,9 +96,11 @@ class Run:
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
-    async def follow(self, modes: frozenset[str], after: int = 0) -> AsyncIterator[bytes]:
+    async def follow(
+        self, modes: frozenset[str], after: int = 0, heartbeat: float = HEARTBEAT_SECS
+    ) -> AsyncIterator[bytes]:
         """The run's events after id `after` in `modes`, as SSE, until it ends (with a
-        heartbeat comment while it is quiet)."""
+        heartbeat comment after each `heartbeat` seconds it is quiet)."""
         wanted = modes | _ALWAYS
         seen = after
         while True:
@@ -111,7 +113,7 @@ class Run:
             if self.done.is_set():
                 return
             try:
-                await asyncio.wait_for(wake.wait(), HEARTBEAT_SECS)
+                await asyncio.wait_for(wake.wait(), heartbeat)
             except TimeoutError:
                 yield b": heartbeat\n\n"
 
