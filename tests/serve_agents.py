@@ -40,3 +40,17 @@ def bearer(headers: Mapping[str, str]) -> str | None:
     if not value.startswith("Bearer ") or not value[7:].strip():
         return None
     return value[7:].strip()
+
+
+#: The `flood` agent's answer: many pieces, so a client asking for the `messages` mode
+#: (whose every `messages/partial` event carries the text so far) would be sent
+#: FLOOD_PIECES * (FLOOD_PIECES + 1) / 2 * len(piece) bytes: about 250 MB.
+FLOOD_PIECES = 1000
+FLOOD = [f"{i:04d}" + "x" * 495 + " " for i in range(FLOOD_PIECES)]
+
+
+def _flood(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+    return FakeReply.text("".join(FLOOD), chunks=FLOOD)
+
+
+flood = Agent(FunctionModel(_flood, name="flood"), name="flood")
