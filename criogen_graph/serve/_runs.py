@@ -333,6 +333,8 @@ class Runs:
                 await asyncio.shield(self.events.flushed())
         with contextlib.suppress(Exception):
             await asyncio.shield(self._set_status(run, status))
+            if self.events is not None:
+                await self.events.notify(run.id)
 
     async def _set_status(self, run: Run, status: str) -> None:
         run.record.update(status=status, updated_at=now_iso())
