@@ -13,7 +13,7 @@ from criogen_graph import Agent, FakeReply, FunctionModel, tool
 CHUNKS = [f"part {i}; " for i in range(40)]
 
 
-@tool
+@tool(timeout_secs=600)  # outlives the default tool timeout: runs are cancelled first
 async def pause(seconds: float) -> str:
     """Wait (a long-running tool, for cancellation)."""
     await asyncio.sleep(seconds)
@@ -22,7 +22,7 @@ async def pause(seconds: float) -> str:
 
 def _slow(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
     if messages[-1]["role"] == "user":
-        return FakeReply.tool_call("pause", {"seconds": 120})
+        return FakeReply.tool_call("pause", {"seconds": 300})
     return "finished waiting"
 
 

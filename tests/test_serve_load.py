@@ -2,15 +2,16 @@
 reads its stream, and many idle SSE connections at once. One real server process on
 SQLite, raw sockets and `langgraph_sdk` as the clients: the server's memory stays bounded
 (back-pressure: a stream waits for its reader, it is not buffered), nothing of the run is
-lost, and another user's run on the same server finishes normally. The heavy version
-(10,000 idle connections) is bench/bench_idle_streams.py."""
+lost, and another user's run on the same server finishes normally. The idle streams
+also follow a run a worker executes, through another server (PostgreSQL). The heavy
+version (10,000 idle connections) is bench/bench_idle_streams.py."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -30,6 +31,9 @@ pytest.importorskip("langgraph_sdk")
 pytest.importorskip("starlette")
 
 from tests.test_serve import Server, _client, serve
+
+if TYPE_CHECKING:
+    from tests.test_serve_workers import Cluster
 
 AGENTS = ("tests.serve_agents:flood", "tests.serve_agents:chunky", "tests.serve_agents:slow")
 #: Idle SSE connections held at once here (bench/bench_idle_streams.py holds 10,000).
@@ -115,16 +119,43 @@ async def test_a_client_that_never_reads_its_stream_costs_bounded_memory_and_del
         sock.close()
 
 
+@pytest.fixture(scope="module")
+def cluster(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two `serve --workers external` processes and a worker on PostgreSQL."""
+    pytest.importorskip("procrastinate")
+    from tests.test_serve_workers import running_cluster
+
+    workdir = tmp_path_factory.mktemp("serve-load-workers")
+    with running_cluster(workdir, agents=AGENTS, workers=1) as running:
+        yield running
+
+
+@pytest.mark.parametrize("where", ["inline", "workers"])
 async def test_many_idle_streams_leave_the_server_answering_everyone(
-    server: Server, client: Any
+    where: str, server: Server, request: pytest.FixtureRequest
 ) -> None:
+    """`inline`: the streams follow a run of the server's own process; `workers`: a run
+    a worker executes, created through one server and followed through the other (each
+    follower reads the run's events from PostgreSQL)."""
+    follow = server
+    if where == "workers":
+        cluster: Cluster = request.getfixturevalue("cluster")
+        server, follow = cluster.servers
+    client = _client(server.url)
+    try:
+        await _idle_streams(server, follow, client)
+    finally:
+        await client.aclose()
+
+
+async def _idle_streams(server: Server, follow: Server, client: Any) -> None:
     thread_id = (await client.threads.create())["thread_id"]
     run = await client.runs.create(thread_id, "slow", input=_say("wait"), stream_mode=["custom"])
     path = f"/threads/{thread_id}/runs/{run['run_id']}/stream"
-    streams, errors = await open_idle_streams(server.url, path, IDLE)
+    streams, errors = await open_idle_streams(follow.url, path, IDLE)
     try:
         assert errors == [] and len(streams) == IDLE, errors[:5]
-        await _another_users_run(server)
+        await _another_users_run(follow)
         await asyncio.wait_for(client.runs.cancel(thread_id, run["run_id"], wait=True), 60)
         # Every idle stream ends with its run, cleanly (the chunked body's last chunk).
         ends = await asyncio.wait_for(
