@@ -393,6 +393,15 @@ async def test_a_run_no_worker_starts_ends_its_stream_with_an_error_saying_why(
             )
             assert [p.event for p in again] == ["error"]
             assert (await c.threads.get(thread_id))["status"] != "busy"
+            # `wait` answers with the reason too (the client raises it), as for a run
+            # that failed while running.
+            with pytest.raises(Exception, match="RunFailedError: no worker started the run"):
+                await asyncio.wait_for(
+                    c.runs.wait(
+                        thread_id, "bg-agent", input={INPUT: [{"role": "user", "content": "nap"}]}
+                    ),
+                    60,
+                )
 
             lonely.start_worker()
             _wait_registered(lonely, 1)

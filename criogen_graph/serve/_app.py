@@ -987,10 +987,14 @@ async def join_run(server: _Server, request: Request, who: str | None) -> Respon
 
 async def _remote_outcome(server: _Server, record: Mapping[str, Any]) -> Response:
     """What `wait` and `join` answer for a run another process executes, once it ended:
-    the thread's state then."""
+    the thread's state then, or the error it ended with (as for a run of this process)."""
     thread_id = str(record["thread_id"])
     if not is_terminal(record.get("status")):
-        await _ended_remotely(server, thread_id, str(record["run_id"]))
+        record = await _ended_remotely(server, thread_id, str(record["run_id"]))
+    if record.get("status") == "error" and server.runs.events is not None:
+        error = await server.runs.events.last_error(str(record["run_id"]))
+        if error is not None:
+            return _json({"__error__": error})
     thread = await server.owned(thread_id, None)
     snap = await server.snapshot(thread)
     values = dict(snap.values or {})

@@ -178,6 +178,26 @@ class PgEvents:
             row = await cur.fetchone()
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
+    async def last_error(self, run_id: str) -> Any:
+        """The data of the `error` event `run_id` ended with, or None."""
+        async with self._read_lock:
+            self._reader = await self._connection(self._reader)
+            cur = await self._reader.execute(
+                f"SELECT event, kind, data FROM {_TABLE} WHERE run_id = %s "
+                "ORDER BY seq DESC LIMIT 1",
+                (run_id,),
+            )
+            row = await cur.fetchone()
+        if row is None or row[0] != "error":
+            return None
+        raw = bytes(row[2])
+        serde = self.storage.serializer
+        return (
+            json.loads(raw)
+            if row[1] == "json" or serde is None
+            else serde.loads_typed((row[1], raw))
+        )
+
     async def forget(self, run_ids: list[str]) -> None:
         """Delete the events of these runs (their thread was deleted)."""
         await self.flushed()
