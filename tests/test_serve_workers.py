@@ -533,3 +533,7 @@ async def test_external_workers_need_postgresql(tmp_path: Path) -> None:
         create_app(agent, workers="external")
     with pytest.raises(ValidationError, match="'inline' or 'external'"):
         create_app(agent, workers="elsewhere")
+    with pytest.raises(ValidationError, match="heartbeat must be a positive number of seconds"):
+        create_app(agent, heartbeat=0)
+    with pytest.raises(ValidationError, match="start_timeout must be a positive number"):
+        create_app(agent, start_timeout="30")  # type: ignore[arg-type]
