@@ -47,6 +47,7 @@ from criogen_graph.serve._protocol import (
     state_json,
     storable,
     stream_modes,
+    with_message_ids,
 )
 from criogen_graph.serve._records import Records
 from criogen_graph.serve._runs import HEARTBEAT_SECS, Run, Runs, is_terminal
@@ -283,7 +284,7 @@ class _Server:
             "metadata": record.get("metadata") or {},
             "status": status,
             "config": {},
-            "values": dict(snap.values or {}),
+            "values": with_message_ids(snap.values or {}),
             "interrupts": {t.id: interrupts_json(t.interrupts) for t in snap.tasks if t.interrupts},
         }
 
@@ -997,7 +998,7 @@ async def _remote_outcome(server: _Server, record: Mapping[str, Any]) -> Respons
             return _json({"__error__": error})
     thread = await server.owned(thread_id, None)
     snap = await server.snapshot(thread)
-    values = dict(snap.values or {})
+    values = with_message_ids(snap.values or {})
     if snap.interrupts:
         values["__interrupt__"] = interrupts_json(snap.interrupts)
     return _json(values)

@@ -14,7 +14,14 @@ from typing import Any
 
 from criogen_graph.errors import CriogenError
 from criogen_graph.serve._events_pg import PgEvents
-from criogen_graph.serve._protocol import dumps, interrupts_json, lc_message, now_iso, sse
+from criogen_graph.serve._protocol import (
+    dumps,
+    interrupts_json,
+    lc_message,
+    now_iso,
+    sse,
+    with_message_ids,
+)
 from criogen_graph.serve._records import Records
 from criogen_graph.stream import (
     ApprovalNeededEvent,
@@ -169,7 +176,8 @@ class _Emitter:
     def _message(self, message: Mapping[str, Any]) -> None:
         run = self.run
         self.messages.append(dict(message))
-        run.emit("values", "values", {**self.values, "messages": list(self.messages)})
+        values = {**self.values, "messages": list(self.messages)}
+        run.emit("values", "values", with_message_ids(values))
         role = message.get("role")
         if role == "user":
             return
@@ -187,7 +195,7 @@ class _Emitter:
         run.emit("messages", "messages/complete", [lc])
 
     def finish(self, values: dict[str, Any], interrupts: list[Any]) -> dict[str, Any]:
-        final = dict(values)
+        final = with_message_ids(values)
         if interrupts:
             final["__interrupt__"] = interrupts_json(interrupts)
             self.run.emit("updates", "updates", {"__interrupt__": final["__interrupt__"]})
