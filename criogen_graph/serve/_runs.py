@@ -195,7 +195,8 @@ class _Emitter:
         run.emit("messages", "messages/complete", [lc])
 
     def finish(self, values: dict[str, Any], interrupts: list[Any]) -> dict[str, Any]:
-        final = with_message_ids(values)
+        final = dict(values)
+        final.update(with_message_ids(values))
         if interrupts:
             final["__interrupt__"] = interrupts_json(interrupts)
             self.run.emit("updates", "updates", {"__interrupt__": final["__interrupt__"]})
