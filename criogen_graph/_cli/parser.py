@@ -320,6 +320,19 @@ _SERVE_OPTIONS = (
         help="who executes the runs: this process (inline, the default) or the "
         "`criogen-graph worker` processes of the PostgreSQL storage (external)",
     ),
+    _opt(
+        "--heartbeat",
+        type=_positive_float,
+        default=15.0,
+        help="seconds between heartbeat comments on a quiet SSE stream (default 15)",
+    ),
+    _opt(
+        "--start-timeout",
+        type=_positive_float,
+        default=30.0,
+        help="with --workers external: seconds a run may wait for a worker; still queued "
+        "then, with no worker alive in that time, it ends in error (default 30)",
+    ),
 )
 
 _SERVE_DESCRIPTION = """\
