@@ -36,6 +36,7 @@ SLOW = (
     "tests/test_background_cli.py",
     "tests/test_serve.py",
     "tests/test_serve_workers.py",
+    "tests/test_serve_events_pg.py",
     "tests/test_serve_js.py",
     "tests/test_serve_fuzz.py",
     "tests/test_serve_load.py",

@@ -54,3 +54,15 @@ def _flood(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
 
 
 flood = Agent(FunctionModel(_flood, name="flood"), name="flood")
+
+#: The `drip` agent's answer: many small pieces (a `messages/partial` event carries the
+#: text so far: DRIP_PIECES * (DRIP_PIECES + 1) / 2 * len(piece) bytes, about 9 MB).
+DRIP_PIECES = 300
+DRIP = [f"{i:04d}" + "y" * 195 + " " for i in range(DRIP_PIECES)]
+
+
+def _drip(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+    return FakeReply.text("".join(DRIP), chunks=DRIP)
+
+
+drip = Agent(FunctionModel(_drip, name="drip"), name="drip")
