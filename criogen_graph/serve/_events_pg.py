@@ -16,7 +16,7 @@ from typing import Any
 from criogen_graph.serve._protocol import dumps
 from criogen_graph.storage import Storage
 
-__all__ = ["PgEvents"]
+__all__ = ["PgEvents", "partial_delta"]
 
 _log = logging.getLogger("criogen_graph.serve")
 
@@ -43,6 +43,22 @@ CREATE TABLE IF NOT EXISTS {_TABLE} (
 """
 
 
+_PARTIAL = "messages/partial"
+
+
+def partial_delta(first: int, at: int, text: str) -> dict[str, Any]:
+    """How the table keeps a `messages/partial` event after its message's first one
+    (event `first`, kept whole): the `text` it adds at character `at`. LangGraph's
+    protocol sends the whole message so far in each one, so keeping them whole would
+    cost the table the square of the answer's length; `follow` gives them whole again."""
+    return {"of": first, "at": at, "text": text}
+
+
+def _is_delta(data: Any) -> bool:
+    # A whole partial event's data is a list (of one message).
+    return isinstance(data, dict) and isinstance(data.get("text"), str)
+
+
 class PgEvents:
     """The event table and the notifications of one PostgreSQL storage."""
 
@@ -63,6 +79,10 @@ class PgEvents:
         #: by the followers of the run until the next one (see `_shared`).
         self._generation: dict[str, int] = {}
         self._polls: dict[tuple[Any, ...], tuple[float, int, asyncio.Future[Any]]] = {}
+        #: Of each followed run, the messages being streamed, by the id of their first
+        #: partial event: that event's message and the longest text read of it so far
+        #: (one copy for all the followers of the run here).
+        self._texts: dict[str, dict[int, tuple[dict[str, Any], str]]] = {}
 
     async def open(self, *, listen: bool = True) -> None:
         """Connect (and create the table once). `listen=False`: only to write events
@@ -275,10 +295,15 @@ class PgEvents:
                 _log.warning("run event notifications stopped: %s", exc)
                 return
 
-    async def rows(self, run_id: str, after: int) -> list[tuple[int, str, str, Any]]:
-        """The events of `run_id` after `after` (a client leaving while they are read
-        does not cut the query: psycopg would close the shared connection)."""
-        return await asyncio.shield(asyncio.ensure_future(self._rows(run_id, after)))
+    async def rows(
+        self, run_id: str, after: int, *, upto: int | None = None, event: str | None = None
+    ) -> list[tuple[int, str, str, Any]]:
+        """The events of `run_id` after `after` (up to `upto`; only those named
+        `event`), as kept: a `messages/partial` event may be a `partial_delta` (a
+        client leaving while they are read does not cut the query: psycopg would
+        close the shared connection)."""
+        rows = self._rows(run_id, after, upto, event)
+        return await asyncio.shield(asyncio.ensure_future(rows))
 
     async def _connection(self, conn: Any, *, writer: bool = False) -> Any:
         if conn is not None and not conn.closed:
@@ -295,14 +320,20 @@ class PgEvents:
             await conn.execute("SET synchronous_commit = off")
         return conn
 
-    async def _rows(self, run_id: str, after: int) -> list[tuple[int, str, str, Any]]:
+    async def _rows(
+        self, run_id: str, after: int, upto: int | None, event: str | None
+    ) -> list[tuple[int, str, str, Any]]:
+        query = f"SELECT seq, mode, event, kind, data FROM {_TABLE} WHERE run_id = %s AND seq > %s"
+        params: list[Any] = [run_id, after]
+        if upto is not None:
+            query += " AND seq <= %s"
+            params.append(upto)
+        if event is not None:
+            query += " AND event = %s"
+            params.append(event)
         async with self._read_lock:
             self._reader = await self._connection(self._reader)
-            cur = await self._reader.execute(
-                f"SELECT seq, mode, event, kind, data FROM {_TABLE} "
-                "WHERE run_id = %s AND seq > %s ORDER BY seq",
-                (run_id, after),
-            )
+            cur = await self._reader.execute(query + " ORDER BY seq", params)
             found = await cur.fetchall()
         serde = self.storage.serializer
         out = []
@@ -314,6 +345,44 @@ class PgEvents:
                 value = serde.loads_typed((kind, raw))
             out.append((int(seq), str(mode), str(event), value))
         return out
+
+    async def _whole(self, run_id: str, seq: int, data: Any) -> Any:
+        """The data a client gets for the `messages/partial` event `seq` of `run_id` kept
+        as `data`: the whole message so far, as the process that ran it sent it."""
+        texts = self._texts.setdefault(run_id, {})
+        if not _is_delta(data):
+            if isinstance(data, list) and data and isinstance(data[0], dict):
+                content = data[0].get("content")
+                if isinstance(content, str) and seq not in texts:
+                    texts[seq] = (data[0], content)
+            return data
+        first, at, piece = int(data["of"]), int(data["at"]), str(data["text"])
+        known = texts.get(first)
+        if known is None or len(known[1]) < at:
+            # Joined in the middle of the message (or read it from another position):
+            # its pieces before this one, once, from the table.
+            known = await self._rebuild(run_id, first, seq)
+        message, text = known
+        if len(text) < at + len(piece):
+            text = text[:at] + piece
+            texts[first] = (message, text)
+        return [{**message, "content": text[: at + len(piece)]}]
+
+    async def _rebuild(self, run_id: str, first: int, seq: int) -> tuple[dict[str, Any], str]:
+        """The message whose first partial event is `first`, with its text up to the
+        partial event before `seq`."""
+        found = await self.rows(run_id, first - 1, upto=seq - 1, event=_PARTIAL)
+        message: dict[str, Any] = {}
+        parts: list[str] = []
+        for row_seq, _, _, data in found:
+            if row_seq == first and isinstance(data, list) and data:
+                message = dict(data[0])
+                parts.append(str(message.get("content") or ""))
+            elif _is_delta(data) and data["of"] == first:
+                parts.append(str(data["text"]))
+        text = "".join(parts)
+        self._texts.setdefault(run_id, {})[first] = (message, text)
+        return message, text
 
     async def _shared(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         """`make()`, awaited, or the answer another follower of the run got for the same
@@ -357,7 +426,10 @@ class PgEvents:
                     after = row[0]
                     quiet_since = loop.time()
                     poll = _POLL_SECS
-                    yield row
+                    seq, mode, event, data = row
+                    if event == _PARTIAL:
+                        data = await self._whole(run_id, seq, data)
+                    yield seq, mode, event, data
                 if over:
                     return
                 wait = poll
@@ -385,3 +457,4 @@ class PgEvents:
                 if not waiters:
                     del self._waiters[run_id]
                     self._generation.pop(run_id, None)
+                    self._texts.pop(run_id, None)

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import Any
 
 from criogen_graph.errors import CriogenError, ThreadSuspendedError
-from criogen_graph.serve._events_pg import PgEvents
+from criogen_graph.serve._events_pg import PgEvents, partial_delta
 from criogen_graph.serve._protocol import (
     dumps,
     interrupts_json,
@@ -52,15 +52,30 @@ Call = Callable[[], "Stream[Any] | None"]
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Partial:
-    """A `messages/partial` event's data: the message with its first `upto` pieces."""
+    """A `messages/partial` event's data: the message with its first `upto` pieces
+    (the message's first partial event is event `first`; the last piece starts at
+    character `at`)."""
 
     chunk: dict[str, Any]
     pieces: list[str]
     upto: int
+    first: int = 0
+    at: int = 0
 
     def __call__(self) -> list[dict[str, Any]]:
         text = "".join(self.pieces[: self.upto])
         return [{**self.chunk, "type": "ai", "content": text}]
+
+    def saved(self) -> Any:
+        """What the events table keeps: the piece it adds (see `PgEvents`), so a long
+        answer costs the table its length, not its square."""
+        if self.upto == 1:
+            return self()
+        return partial_delta(self.first, self.at, self.pieces[self.upto - 1])
+
+
+def _saved(data: Any) -> Any:
+    return data.saved() if isinstance(data, _Partial) else data
 
 
 @dataclasses.dataclass
@@ -110,7 +125,7 @@ class Run:
         seq = self.offset + len(self.events) + 1
         self.events.append((seq, mode, event, data))
         if self.publish is not None:
-            self.publish(self.id, seq, mode, event, data() if isinstance(data, _Partial) else data)
+            self.publish(self.id, seq, mode, event, _saved(data))
         self.wake.set()
         self.wake = asyncio.Event()
 
@@ -152,6 +167,8 @@ class _Emitter:
         # the text up to its piece, joined when it is sent (a copy per event would keep
         # a long answer's text once per piece: quadratic memory).
         self.partial: dict[str, list[str]] = {}
+        #: Of each streamed message: the id of its first partial event, and its length.
+        self.placed: dict[str, list[int]] = {}
         self.meta = {
             "run_id": run.id,
             "thread_id": run.thread_id,
@@ -185,8 +202,11 @@ class _Emitter:
         if pieces is None:
             run.emit("messages", "messages/metadata", {event.message_id: {"metadata": self.meta}})
             pieces = self.partial[event.message_id] = []
+            self.placed[event.message_id] = [run.offset + len(run.events) + 1, 0]
+        place = self.placed[event.message_id]
         pieces.append(event.text)
-        run.emit("messages", "messages/partial", _Partial(chunk, pieces, len(pieces)))
+        run.emit("messages", "messages/partial", _Partial(chunk, pieces, len(pieces), *place))
+        place[1] += len(event.text)
 
     def _message(self, message: Mapping[str, Any]) -> None:
         run = self.run
@@ -382,8 +402,7 @@ class Runs:
         await self._first_saved(run)
         if run.publish_at_end and self.events is not None:
             for seq, mode, event, data in run.events:
-                value = data() if isinstance(data, _Partial) else data
-                self.events.publish(run.id, seq, mode, event, value)
+                self.events.publish(run.id, seq, mode, event, _saved(data))
         with contextlib.suppress(Exception):
             if self.events is not None:
                 await asyncio.shield(self.events.flushed())
