@@ -8,6 +8,7 @@ the message."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
@@ -127,3 +128,50 @@ async def test_a_workers_streamed_answer_costs_the_table_its_length_and_is_sent_
         )
         messages = [e for e in full if e[1].startswith("messages/") or e[1] == "metadata"]
         assert _events(again.content) == messages
+
+
+async def test_sealed_partials_read_by_another_server_are_whole_from_any_event(
+    pg_schema_url: str,
+) -> None:
+    """On an encrypted storage too: a server that did not run the run (it reads the
+    table) sends each `messages/partial` whole, from the start or from any event."""
+    from criogen_graph import Storage
+    from criogen_graph.serve import create_app
+    from tests.serve_agents import CHUNKS, chunky
+
+    ran, other = (Storage(pg_schema_url, encryption_key="k" * 32) for _ in range(2))
+    apps = [create_app([chunky], storage=s) for s in (ran, other)]
+    try:
+        async with (
+            apps[0].router.lifespan_context(apps[0]),
+            apps[1].router.lifespan_context(apps[1]),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=apps[0]), base_url="http://a") as a,
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=apps[1]), base_url="http://b") as b,
+        ):
+            await a.post("/threads", json={"thread_id": "sealed"})
+            body = {
+                "assistant_id": "chunky",
+                "input": {"messages": ["hi"]},
+                "stream_mode": ["messages"],
+            }
+            full = _events((await a.post("/threads/sealed/runs/stream", json=body)).content)
+            partials = [e for e in full if e[1] == "messages/partial"]
+            assert [json.loads(d)[0]["content"] for _, _, d in partials] == [
+                "".join(CHUNKS[:n]) for n in range(1, len(CHUNKS) + 1)
+            ]
+            run_id = json.loads(full[0][2])["run_id"]
+            path = f"/threads/sealed/runs/{run_id}/stream"
+            # Resumed after each event, all at once (followers at different places in
+            # the message): the rest, exactly as the first stream had it.
+            lasts = ["0", *(i for i, _, _ in full)]
+            got = await asyncio.gather(
+                *(
+                    b.get(path, params={"stream_mode": "messages"}, headers={"Last-Event-ID": i})
+                    for i in lasts
+                )
+            )
+            for last, answer in zip(lasts, got, strict=True):
+                assert _events(answer.content) == [e for e in full if int(e[0]) > int(last)], last
+    finally:
+        for s in (ran, other):
+            await s.close()
