@@ -943,16 +943,29 @@ async def wait_run(server: _Server, request: Request, who: str | None) -> Respon
     return response
 
 
-async def _run_of(server: _Server, request: Request, who: str | None) -> tuple[Run | None, Any]:
-    record = await server.owned(request.path_params["thread_id"], who)
-    run_id = request.path_params["run_id"]
+async def _run_of(
+    server: _Server, request: Request, who: str | None, *, settle: bool = True
+) -> tuple[Run | None, Any]:
+    """The run of the request's path (None if another process runs it) and its record
+    (with `settle=False`, as saved: not brought up to date with the workers' queue)."""
+    thread_id, run_id = request.path_params["thread_id"], request.path_params["run_id"]
     run = server.runs.get(run_id)
-    if run is not None and run.thread_id == record["thread_id"]:
+    if run is not None and run.thread_id == thread_id:
+        await server.owned(thread_id, who)
         return run, run.record
-    stored = await server.records.run(record["thread_id"], run_id)
-    if stored is None:
+    # Both at once: the store reads them in one query (with other requests' reads).
+    owned, saved = await asyncio.gather(
+        server.owned(thread_id, who),
+        server.records.run(thread_id, run_id),
+        return_exceptions=True,
+    )
+    if isinstance(owned, BaseException):
+        raise owned
+    if isinstance(saved, BaseException):
+        raise saved
+    if saved is None:
         raise BadRequest(404, f"run {run_id!r} not found")
-    return None, await server.settled(stored)
+    return None, await server.settled(saved) if settle else saved
 
 
 async def get_run(server: _Server, request: Request, who: str | None) -> Response:
@@ -1082,7 +1095,9 @@ async def _remote_events(
 
 
 async def join_stream(server: _Server, request: Request, who: str | None) -> Response:
-    run, record = await _run_of(server, request, who)
+    # A run of another process is followed until its record, settled, says it ended
+    # (see `_remote_events`): settling it here too would cost each stream a query.
+    run, record = await _run_of(server, request, who, settle=False)
     last = request.headers.get("last-event-id") or "0"
     if not last.isdigit():
         raise BadRequest(422, "Last-Event-ID must be an event id this server sent")
