@@ -46,6 +46,7 @@ from criogen_graph.serve._protocol import (
     sse,
     state_json,
     storable,
+    storable_str,
     stream_modes,
     with_message_ids,
 )
@@ -953,6 +954,10 @@ async def _run_of(
     if run is not None and run.thread_id == thread_id:
         await server.owned(thread_id, who)
         return run, run.record
+    if not storable_str(run_id):
+        # No storage can hold it (PostgreSQL refuses a NUL in a query): no such run.
+        await server.owned(thread_id, who)
+        raise BadRequest(404, f"run {run_id!r} not found")
     # Both at once: the store reads them in one query (with other requests' reads).
     owned, saved = await asyncio.gather(
         server.owned(thread_id, who),

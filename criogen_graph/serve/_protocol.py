@@ -22,6 +22,7 @@ __all__ = [
     "sse",
     "state_json",
     "storable",
+    "storable_str",
     "stream_modes",
     "with_message_ids",
 ]
@@ -120,7 +121,8 @@ _INT64 = 2**63
 _MAX_DEPTH = 32
 
 
-def _storable_str(text: str) -> bool:
+def storable_str(text: str) -> bool:
+    """`text` has no character a storage cannot keep (NUL, a lone surrogate)."""
     if "\x00" in text:
         return False
     try:
@@ -146,7 +148,7 @@ def storable(value: Any, name: str, depth: int = 0) -> Any:
             raise BadRequest(422, f"{name} holds a number that is not finite")
         return value
     if isinstance(value, str):
-        if not _storable_str(value):
+        if not storable_str(value):
             raise BadRequest(422, f"{name} holds text with a NUL or a lone surrogate")
         return value
     if isinstance(value, list):
