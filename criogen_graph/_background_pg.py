@@ -196,6 +196,33 @@ class PgQueue:
         )
         return True
 
+    async def fail_unstarted(self, run_id: str, *, idle_secs: float, message: str) -> bool:
+        """Fail a queued run no worker has been alive to start for `idle_secs` (no
+        heartbeat in that time): its job is cancelled while still queued, so it never
+        starts, and its record says `no_worker`. False when a worker is alive or the run
+        is no longer queued (a worker took it meanwhile)."""
+        info = await self.info(run_id)
+        if info is None or info.status != "queued" or info.job_id is None:
+            return False
+        row = await self._one(
+            "SELECT EXISTS (SELECT 1 FROM procrastinate_workers WHERE last_heartbeat"
+            " > now() - make_interval(secs => %(secs)s)) AS alive",
+            secs=idle_secs,
+        )
+        if row is None or row["alive"]:
+            return False
+        # Only a job still waiting is cancelled (abort=False): one a worker took runs on.
+        if not await self.app.job_manager.cancel_job_by_id_async(info.job_id, abort=False):
+            return False
+        await self.app.connector.execute_query_async(
+            "UPDATE criogen_runs SET status = 'failed', error_code = 'no_worker',"
+            " error_type = 'RunFailedError', error = %(error)s, finished_at = now()"
+            " WHERE id = %(id)s AND status = 'queued'",
+            id=run_id,
+            error=message,
+        )
+        return True
+
     async def local_reply(self, run_id: str) -> Reply[Any] | None:
         return None
 
