@@ -47,6 +47,7 @@ from criogen_graph.serve._protocol import (
     state_json,
     storable,
     stream_modes,
+    with_message_ids,
 )
 from criogen_graph.serve._records import Records
 from criogen_graph.serve._runs import HEARTBEAT_SECS, Run, Runs, is_terminal
@@ -69,9 +70,23 @@ _CONFLICT_CODES = frozenset({"stale", "not_suspended", "nothing_to_retry"})
 _UNSUPPORTED_RUN_FIELDS = ("interrupt_before", "interrupt_after", "webhook", "after_seconds")
 
 
-#: Seconds a run record may wait for its job in the workers' queue before it is taken
-#: for lost (its server died between saving the record and queueing the job).
-_QUEUE_GRACE_SECS = 30.0
+#: Seconds a run may wait to be started by a worker (`start_timeout`): a run record
+#: with no job that long is taken for lost (its server died between saving the record
+#: and queueing the job), and a queued run that long with no worker alive in that time
+#: ends in error.
+START_TIMEOUT_SECS = 30.0
+
+
+def _why(code: str, message: str) -> dict[str, Any]:
+    """The data of the `error` event of a run the workers did not run."""
+    return {"error": "RunFailedError", "code": code, "message": message}
+
+
+async def _fail_unstarted(storage: Storage, run_id: str, within: float, message: str) -> bool:
+    from criogen_graph._background_pg import pg_queue
+
+    queue = await pg_queue(storage)
+    return await queue.fail_unstarted(run_id, idle_secs=within, message=message)
 
 
 def _age_secs(record: Mapping[str, Any]) -> float:
@@ -107,9 +122,19 @@ class _Server:
     """What every endpoint shares: the agents by name, the storage, the run registry."""
 
     def __init__(
-        self, agents: dict[str, Agent[Any]], storage: Storage, auth: Auth | None, workers: bool
+        self,
+        agents: dict[str, Agent[Any]],
+        storage: Storage,
+        auth: Auth | None,
+        workers: bool,
+        heartbeat: float = HEARTBEAT_SECS,
+        start_timeout: float = START_TIMEOUT_SECS,
     ) -> None:
         self.agents = agents
+        #: Seconds between heartbeat comments on a quiet SSE stream.
+        self.heartbeat = heartbeat
+        #: See `START_TIMEOUT_SECS`.
+        self.start_timeout = start_timeout
         self.storage = storage
         self.auth = auth
         #: Runs are queued for the background workers (PostgreSQL) instead of run here.
@@ -141,19 +166,39 @@ class _Server:
             return record
         from criogen_graph.background import get_run
 
-        info = await get_run(self.storage, str(record["run_id"]))
+        run_id = str(record["run_id"])
+        info = await get_run(self.storage, run_id)
+        why: dict[str, Any] | None = None
         if info is None:
-            if _age_secs(record) < _QUEUE_GRACE_SECS:
+            if _age_secs(record) < self.start_timeout:
                 return record
             status = "error"
+            why = _why(
+                "not_queued",
+                "the run was never queued for the workers (the server that took it "
+                "stopped first); send it again",
+            )
         elif info.status == "failed":
             status = "error"
+            why = _why(info.error_code or "run_failed", info.error or "the run failed")
         elif info.status == "cancelled":
             status = "interrupted"
         elif info.status == "succeeded":
             status = "success"
+        elif info.status == "queued" and _age_secs(record) >= self.start_timeout:
+            message = (
+                f"no worker started the run: no `criogen-graph worker` has been alive "
+                f"on this storage for {self.start_timeout:g} s; start one serving "
+                f"assistant {record.get('assistant_id')!r} and send the run again"
+            )
+            if not await _fail_unstarted(self.storage, run_id, self.start_timeout, message):
+                return record
+            status, why = "error", _why("no_worker", message)
         else:
             return record
+        if why is not None and self.runs.events is not None:
+            # Before the status: a follower that reads the end reads this event too.
+            await self.runs.events.fail(run_id, why)
         record = {**record, "status": status, "updated_at": now_iso()}
         await self.records.put_run(record)
         return record
@@ -244,7 +289,7 @@ class _Server:
             "metadata": record.get("metadata") or {},
             "status": status,
             "config": {},
-            "values": dict(snap.values or {}),
+            "values": with_message_ids(snap.values or {}),
             "interrupts": {t.id: interrupts_json(t.interrupts) for t in snap.tasks if t.interrupts},
         }
 
@@ -862,7 +907,7 @@ async def stream_run(server: _Server, request: Request, who: str | None) -> Resp
     run, record, options = await _start_run(server, request, who)
     cancel = options["on_disconnect"] == "cancel"
     if run is not None:
-        events = run.follow(run.modes)
+        events = run.follow(run.modes, heartbeat=server.heartbeat)
     else:
         assert server.runs.events is not None
         modes = frozenset((record.get("kwargs") or {}).get("stream_mode") or ["values"])
@@ -989,13 +1034,17 @@ async def join_run(server: _Server, request: Request, who: str | None) -> Respon
 
 async def _remote_outcome(server: _Server, record: Mapping[str, Any]) -> Response:
     """What `wait` and `join` answer for a run another process executes, once it ended:
-    the thread's state then."""
+    the thread's state then, or the error it ended with (as for a run of this process)."""
     thread_id = str(record["thread_id"])
     if not is_terminal(record.get("status")):
-        await _ended_remotely(server, thread_id, str(record["run_id"]))
+        record = await _ended_remotely(server, thread_id, str(record["run_id"]))
+    if record.get("status") == "error" and server.runs.events is not None:
+        error = await server.runs.events.last_error(str(record["run_id"]))
+        if error is not None:
+            return _json({"__error__": error})
     thread = await server.owned(thread_id, None)
     snap = await server.snapshot(thread)
-    values = dict(snap.values or {})
+    values = with_message_ids(snap.values or {})
     if snap.interrupts:
         values["__interrupt__"] = interrupts_json(snap.interrupts)
     return _json(values)
@@ -1021,7 +1070,7 @@ async def _remote_events(
         return is_terminal((await _record_now(server, thread_id, run_id)).get("status"))
 
     wanted = modes | {"metadata", "error"}
-    async for row in events.follow(run_id, after, ended, idle=HEARTBEAT_SECS):
+    async for row in events.follow(run_id, after, ended, idle=server.heartbeat):
         if row is None:
             # A tool may run for minutes without an event: proxies and clients drop
             # a silent connection.
@@ -1053,7 +1102,9 @@ async def join_stream(server: _Server, request: Request, who: str | None) -> Res
         )
     modes = stream_modes(asked) if asked else run.modes
     cancel = request.query_params.get("cancel_on_disconnect") in ("1", "true", "True")
-    events = _watched(server, run, run.record, run.follow(modes, int(last)), cancel)
+    events = _watched(
+        server, run, run.record, run.follow(modes, int(last), server.heartbeat), cancel
+    )
     return _sse_response(events, _run_headers(run.record, "stream"))
 
 
@@ -1109,9 +1160,11 @@ def build_app(
     cors: Sequence[str],
     owns_storage: bool,
     workers: bool = False,
+    heartbeat: float = HEARTBEAT_SECS,
+    start_timeout: float = START_TIMEOUT_SECS,
 ) -> Starlette:
     """The Starlette application serving `agents` on `storage` (see `create_app`)."""
-    server = _Server({a.name: a for a in agents}, storage, auth, workers)
+    server = _Server({a.name: a for a in agents}, storage, auth, workers, heartbeat, start_timeout)
     routes = [
         Route(path, _endpoint(server, handler, path in _PUBLIC), methods=methods)
         for path, handler, methods in _ROUTES

@@ -14,7 +14,14 @@ from typing import Any
 
 from criogen_graph.errors import CriogenError, ThreadSuspendedError
 from criogen_graph.serve._events_pg import PgEvents
-from criogen_graph.serve._protocol import dumps, interrupts_json, lc_message, now_iso, sse
+from criogen_graph.serve._protocol import (
+    dumps,
+    interrupts_json,
+    lc_message,
+    now_iso,
+    sse,
+    with_message_ids,
+)
 from criogen_graph.serve._records import Records
 from criogen_graph.stream import (
     ApprovalNeededEvent,
@@ -111,9 +118,11 @@ class Run:
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
-    async def follow(self, modes: frozenset[str], after: int = 0) -> AsyncIterator[bytes]:
+    async def follow(
+        self, modes: frozenset[str], after: int = 0, heartbeat: float = HEARTBEAT_SECS
+    ) -> AsyncIterator[bytes]:
         """The run's events after id `after` in `modes`, as SSE, until it ends (with a
-        heartbeat comment while it is quiet)."""
+        heartbeat comment after each `heartbeat` seconds it is quiet)."""
         wanted = modes | _ALWAYS
         seen = after
         while True:
@@ -126,7 +135,7 @@ class Run:
             if self.done.is_set():
                 return
             try:
-                await asyncio.wait_for(wake.wait(), HEARTBEAT_SECS)
+                await asyncio.wait_for(wake.wait(), heartbeat)
             except TimeoutError:
                 yield b": heartbeat\n\n"
 
@@ -182,7 +191,8 @@ class _Emitter:
     def _message(self, message: Mapping[str, Any]) -> None:
         run = self.run
         self.messages.append(dict(message))
-        run.emit("values", "values", {**self.values, "messages": list(self.messages)})
+        values = {**self.values, "messages": list(self.messages)}
+        run.emit("values", "values", with_message_ids(values))
         role = message.get("role")
         if role == "user":
             return
@@ -201,6 +211,7 @@ class _Emitter:
 
     def finish(self, values: dict[str, Any], interrupts: Sequence[Any]) -> dict[str, Any]:
         final = dict(values)
+        final.update(with_message_ids(values))
         if interrupts:
             final["__interrupt__"] = interrupts_json(interrupts)
             self.run.emit("updates", "updates", {"__interrupt__": final["__interrupt__"]})
@@ -378,6 +389,8 @@ class Runs:
                 await asyncio.shield(self.events.flushed())
         with contextlib.suppress(Exception):
             await asyncio.shield(self._set_status(run, status))
+            if self.events is not None:
+                await self.events.notify(run.id)
 
     async def _first_saved(self, run: Run) -> None:
         if run.saved is not None:
