@@ -22,9 +22,9 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from criogen_graph.adapters.storage.base import record, tool_call_details
 from criogen_graph.errors import ValidationError
 from criogen_graph.redact import Redactor
+from criogen_graph.storage.base import record, tool_call_details
 
 if TYPE_CHECKING:
     from langgraph.store.base import BaseStore

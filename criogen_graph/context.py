@@ -17,7 +17,7 @@ from criogen_graph.errors import ValidationError
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
 
-    from criogen_graph.adapters.models.base import Model
+    from criogen_graph.models.base import Model
 
 __all__ = ["ContextPolicy"]
 

@@ -10,8 +10,16 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from langgraph.types import Command
 
-from criogen_graph._pins import Expected, Pin
-from criogen_graph._runner import (
+from criogen_graph.errors import (
+    ThreadSuspendedError,
+    ValidationError,
+)
+from criogen_graph.graph.approval import APPROVAL_INTERRUPT, check_decisions, decision_details
+from criogen_graph.graph.state import new_run, not_run_messages
+from criogen_graph.redact import effective
+from criogen_graph.results import ApprovalRequest, Decision, PendingApprovals, Reply
+from criogen_graph.runtime.pins import Expected, Pin
+from criogen_graph.runtime.runner import (
     ERROR,
     INTERRUPT,
     Head,
@@ -23,15 +31,7 @@ from criogen_graph._runner import (
     run_on_thread,
     user_message,
 )
-from criogen_graph.adapters.storage.base import SEGMENT, Segment, check_thread_id, record
-from criogen_graph.errors import (
-    ThreadSuspendedError,
-    ValidationError,
-)
-from criogen_graph.nodes.approval import APPROVAL_INTERRUPT, check_decisions, decision_details
-from criogen_graph.nodes.state import new_run, not_run_messages
-from criogen_graph.redact import effective
-from criogen_graph.results import ApprovalRequest, Decision, PendingApprovals, Reply
+from criogen_graph.storage.base import SEGMENT, Segment, check_thread_id, record
 from criogen_graph.stream import MessageEvent, Stream
 
 if TYPE_CHECKING:
@@ -342,7 +342,7 @@ class Thread(Generic[Output]):
             head.append(dict(spec.system_message))
         if spec.context is None:
             return head + stored
-        from criogen_graph.nodes.context import current_view
+        from criogen_graph.graph.context import current_view
 
         view = current_view(spec, spec.context, stored, snap.values.get("context"))
         return head + [dict(m) for m in view.messages]

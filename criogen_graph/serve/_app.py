@@ -26,7 +26,6 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from criogen_graph._version import __version__
-from criogen_graph.adapters.storage.base import check_thread_id
 from criogen_graph.agent import Agent
 from criogen_graph.errors import (
     CriogenError,
@@ -51,6 +50,7 @@ from criogen_graph.serve._protocol import (
 from criogen_graph.serve._records import Records
 from criogen_graph.serve._runs import HEARTBEAT_SECS, Run, Runs, is_terminal
 from criogen_graph.storage import Storage
+from criogen_graph.storage.base import check_thread_id
 from criogen_graph.stream import Stream
 from criogen_graph.thread import Thread
 
