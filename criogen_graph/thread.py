@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from langgraph.types import Command
@@ -18,10 +17,9 @@ from criogen_graph.graph.approval import APPROVAL_INTERRUPT, check_decisions, de
 from criogen_graph.graph.state import new_run, not_run_messages
 from criogen_graph.redact import effective
 from criogen_graph.results import ApprovalRequest, Decision, PendingApprovals, Reply
+from criogen_graph.runtime.history import history_entry
 from criogen_graph.runtime.pins import Expected, Pin
 from criogen_graph.runtime.runner import (
-    ERROR,
-    INTERRUPT,
     Head,
     Prepare,
     Start,
@@ -36,7 +34,6 @@ from criogen_graph.stream import MessageEvent, Stream
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
-    from langgraph.checkpoint.base import CheckpointTuple
 
     from criogen_graph.agent import Agent
     from criogen_graph.background import RunHandle
@@ -52,12 +49,6 @@ def _unencodable(text: str) -> bool:
     except UnicodeEncodeError:
         return True
     return False
-
-
-def _ms(ts: str | None) -> int | None:
-    if not ts:
-        return None
-    return int(datetime.fromisoformat(ts).timestamp() * 1000)
 
 
 class Thread(Generic[Output]):
@@ -606,14 +597,6 @@ class Thread(Generic[Output]):
         return await run_on_thread(self.agent, self.id, self.actor, action, prepare, stream)
 
 
-def _error_type(error: Any) -> str:
-    """The type name of a saved task error (savers keep its repr: `Name("message")`),
-    not its message, which may well mention a cancellation."""
-    if isinstance(error, BaseException):
-        return type(error).__name__
-    return str(error).lstrip("'\"").split("(", 1)[0]
-
-
 def _finished_results(tasks: Any) -> dict[str, dict[str, Any]]:
     """The tool messages of the snapshot's tasks that finished, by call id."""
     finished: dict[str, dict[str, Any]] = {}
@@ -623,36 +606,3 @@ def _finished_results(tasks: Any) -> dict[str, dict[str, Any]]:
             if isinstance(m, Mapping) and m.get("role") == "tool":
                 finished[m["tool_call_id"]] = dict(m)
     return finished
-
-
-def history_entry(tup: CheckpointTuple) -> dict[str, Any]:
-    """One entry of `Thread.history()` for checkpoint `tup`: `{id, parent_id, version,
-    source, status, run_id, step, created_at_ms}`."""
-    meta = tup.metadata or {}
-    parent = tup.parent_config
-    return {
-        "id": tup.config["configurable"]["checkpoint_id"],
-        "parent_id": parent["configurable"]["checkpoint_id"] if parent else None,
-        "version": checkpoint_version(meta),
-        "source": meta.get("source"),
-        "status": _status(tup),
-        "run_id": meta.get("run_id"),
-        "step": meta.get("step"),
-        "created_at_ms": _ms(tup.checkpoint.get("ts")),
-    }
-
-
-def _status(tup: CheckpointTuple) -> str:
-    """A checkpoint's status in the history: suspended, pending, cancelled, failed or
-    completed."""
-    writes = tup.pending_writes or ()
-    errors = [w[2] for w in writes if w[1] == ERROR]
-    if any(w[1] == INTERRUPT for w in writes):
-        return "suspended"
-    if errors:
-        # A failing call cancels the other calls of its step: the failure is the story.
-        return "cancelled" if all("Cancelled" in _error_type(e) for e in errors) else "failed"
-    if (tup.metadata or {}).get("source") == "input":
-        return "pending"  # the values before an input: its run has not saved a step
-    run = tup.checkpoint["channel_values"].get("run") or {}
-    return "completed" if run.get("stop_reason") is not None else "pending"

@@ -90,7 +90,16 @@ def test_no_module_imports_another_modules_private_names() -> None:
     assert found == []
 
 
-@pytest.mark.parametrize("module", ["thread.py", "runtime/runner.py", "background/__init__.py"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "thread.py",
+        "runtime/runner.py",
+        "background/__init__.py",
+        "background/jobs.py",
+        "background/local.py",
+    ],
+)
 def test_the_runner_and_threads_reach_no_private_attribute(module: str) -> None:
     reaches = [
         f"{module}:{node.lineno} {ast.unparse(node)}"

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from criogen_graph._aio import cancel_pending, to_the_end, uncancelled
-from criogen_graph.background import (
+from criogen_graph.background.jobs import (
     CANCELLED,
     FAILED,
     QUEUED,
