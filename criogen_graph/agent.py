@@ -18,8 +18,9 @@ from criogen_graph.middleware import Middleware, check_middleware
 from criogen_graph.models import resolve_model
 from criogen_graph.options import Limits, Retry
 from criogen_graph.results import RunResult
+from criogen_graph.runtime.inputs import send_input, user_message
 from criogen_graph.runtime.output import OutputSpec
-from criogen_graph.runtime.runner import Head, Start, check_state, run_once, user_message
+from criogen_graph.runtime.runner import Head, Start, run_once
 from criogen_graph.telemetry.observe import run_redactor
 from criogen_graph.tools import Tool, ToolContext, ToolError, ToolSource, check_tool_name
 
@@ -308,10 +309,8 @@ class Agent(Generic[Output]):
         `ModelError`, `LimitExceededError`, `ToolExecutionError`, or `CancelledError`
         when the awaiting task is cancelled.
         """
-        user_message(input)  # a bad input fails before anything is observed
-        run_state = check_state(state)
-        if self._spec.memory is not None:
-            self._spec.memory.pool(run_state)  # no model call without the scope key
+        # A bad input fails before anything is observed (the same checks as a send).
+        _, run_state = send_input(self._spec, input, state)
         run_id = uuid.uuid4().hex
         spec = self._spec
 

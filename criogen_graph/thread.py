@@ -9,27 +9,27 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from langgraph.types import Command
 
+from criogen_graph.audit import record
 from criogen_graph.errors import (
     ThreadSuspendedError,
     ValidationError,
 )
 from criogen_graph.graph.approval import APPROVAL_INTERRUPT, check_decisions, decision_details
 from criogen_graph.graph.state import new_run, not_run_messages
-from criogen_graph.redact import effective
 from criogen_graph.results import ApprovalRequest, Decision, PendingApprovals, Reply
 from criogen_graph.runtime.history import history_entry
+from criogen_graph.runtime.inputs import check_actor, check_thread_id, send_input
 from criogen_graph.runtime.pins import Expected, Pin
 from criogen_graph.runtime.runner import (
     Head,
     Prepare,
     Start,
     build_result,
-    check_state,
     checkpoint_version,
+    open_graph,
     run_on_thread,
-    user_message,
 )
-from criogen_graph.storage.base import SEGMENT, Segment, check_thread_id, record
+from criogen_graph.runtime.segment import SEGMENT, Segment
 from criogen_graph.stream import MessageEvent, Stream
 
 if TYPE_CHECKING:
@@ -41,14 +41,6 @@ if TYPE_CHECKING:
 __all__ = ["Thread"]
 
 Output = TypeVar("Output")
-
-
-def _unencodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 class Thread(Generic[Output]):
@@ -69,12 +61,7 @@ class Thread(Generic[Output]):
     def __init__(self, agent: Agent[Output], thread_id: str, *, actor: str | None = None) -> None:
         # An id no backend can keep is refused here, before it reaches any lock or table.
         check_thread_id(thread_id)
-        if actor is not None and not isinstance(actor, str):
-            raise ValidationError("actor must be a str", code="invalid_type")
-        if actor is not None and ("\x00" in actor or _unencodable(actor)):
-            raise ValidationError(
-                "actor must not contain a NUL character or a lone surrogate", code="invalid_value"
-            )
+        check_actor(actor)
         self.agent = agent
         self.id = thread_id
         self.actor = actor
@@ -92,20 +79,13 @@ class Thread(Generic[Output]):
         `LimitExceededError`, `ToolExecutionError`, `CancelledError`); a failed or cancelled
         run is saved, and `retry()` continues it.
         """
-        spec = self.agent.spec
-        run_state = check_state(state)
-        if spec.memory is not None:
-            spec.memory.pool(run_state)  # no model call without the scope key
-        return await self._send(user_message(input, effective(spec.redact)), run_state, None)
+        user, run_state = send_input(self.agent.spec, input, state)
+        return await self._send(user, run_state, None)
 
     def stream(self, input: str, *, state: Mapping[str, Any] | None = None) -> Stream[Output]:
         """`send`, streaming its events: `async for event in stream`, then
         `await stream.reply()`. Cancel with `stream.cancel()` or by leaving the loop."""
-        spec = self.agent.spec
-        user = user_message(input, effective(spec.redact))
-        run_state = check_state(state)
-        if spec.memory is not None:
-            spec.memory.pool(run_state)
+        user, run_state = send_input(self.agent.spec, input, state)
         return Stream(lambda s: self._send(user, run_state, s))
 
     def stream_approve(self, *, expected: Expected | None = None) -> Stream[Output]:
@@ -153,16 +133,15 @@ class Thread(Generic[Output]):
         """Internal: `send`, with the run id chosen by the caller (a background job's
         id, by which a worker taking over finds whether the send was already applied).
         For the runtime's own modules; not a stable interface for users."""
-        user = user_message(input, effective(self.agent.spec.redact))
-        return await self._send(user, check_state(state), None, run_id)
+        user, run_state = send_input(self.agent.spec, input, state)
+        return await self._send(user, run_state, None, run_id)
 
     def stream_as(
         self, input: str, *, state: Mapping[str, Any] | None, run_id: str
     ) -> Stream[Output]:
         """Internal: `stream`, with the run id chosen by the caller (as `send_as`).
         For the runtime's own modules; not a stable interface for users."""
-        user = user_message(input, effective(self.agent.spec.redact))
-        run_state = check_state(state)
+        user, run_state = send_input(self.agent.spec, input, state)
         return Stream(lambda s: self._send(user, run_state, s, run_id))
 
     async def _send(
@@ -494,11 +473,8 @@ class Thread(Generic[Output]):
         return result  # type: ignore[return-value]
 
     async def _graph(self) -> tuple[Any, RunnableConfig]:
-        storage = self.agent.storage
-        await storage.backend()
-        store = await storage.get_store() if self.agent.spec.memory is not None else None
-        graph = self.agent.thread_graph(storage, store)
-        return graph, {"configurable": {"thread_id": self.id}}
+        _, graph, cfg = await open_graph(self.agent, self.id)
+        return graph, cfg
 
     def _suspended_error(self) -> ThreadSuspendedError:
         return ThreadSuspendedError(

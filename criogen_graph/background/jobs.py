@@ -83,7 +83,7 @@ class RunInfo:
 
 async def make_payload(thread: Thread[Any], action: str, **fields: Any) -> dict[str, Any]:
     from criogen_graph.redact import effective
-    from criogen_graph.runtime.runner import check_state, user_message
+    from criogen_graph.runtime.inputs import send_input
 
     payload: dict[str, Any] = {
         "v": _PAYLOAD_VERSION,
@@ -95,11 +95,7 @@ async def make_payload(thread: Thread[Any], action: str, **fields: Any) -> dict[
     }
     if action == "send":
         # The same checks as send(); the queue keeps the text as redacted as the thread.
-        spec = thread.agent.spec
-        user = user_message(fields["input"], effective(spec.redact))
-        state = check_state(fields.get("state"))
-        if spec.memory is not None:
-            spec.memory.pool(state)
+        user, state = send_input(thread.agent.spec, fields["input"], fields.get("state"))
         payload["input"] = user["content"]
         payload["state"] = state
     elif action in ("approve", "reject", "decide"):

@@ -46,7 +46,7 @@ from criogen_graph.graph.state import (
 from criogen_graph.graph.tools import ToolsNode
 from criogen_graph.messages import Message
 from criogen_graph.redact import Redactor, effective
-from criogen_graph.storage.base import SaverMixin
+from criogen_graph.runtime.segment import SegmentSaver
 from criogen_graph.telemetry import Spans
 from criogen_graph.telemetry.observe import run_spans
 
@@ -274,7 +274,7 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
             or None
         )
         checkpointer = self.checkpointer or configurable.get(_CHECKPOINTER)
-        if isinstance(checkpointer, SaverMixin):
+        if isinstance(checkpointer, SegmentSaver):
             if checkpointer.audit_writer is None:
                 return None
             return SegmentAudit(

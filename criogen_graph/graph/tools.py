@@ -36,7 +36,7 @@ from criogen_graph.hooks import ToolCall, ToolResult, call_hook, copy_value
 from criogen_graph.messages import Usage
 from criogen_graph.middleware import Middleware, ToolCallRequest, ToolHandler, checked_call
 from criogen_graph.redact import package_logger
-from criogen_graph.storage.base import hand_over
+from criogen_graph.runtime.segment import hand_over
 from criogen_graph.telemetry.callbacks import report_tool
 from criogen_graph.telemetry.observe import run_redactor, run_spans
 from criogen_graph.tools import Tool, ToolArgumentsError, ToolContext

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast
 
 from criogen_graph._aio import uncancelled
+from criogen_graph.audit import record
 from criogen_graph.errors import LimitExceededError
 from criogen_graph.graph.approval import APPROVAL_INTERRUPT
 from criogen_graph.graph.events import API_RUN, STREAM_SINK
@@ -42,7 +43,7 @@ from criogen_graph.results import (
     RunResult,
     empty_usage,
 )
-from criogen_graph.storage.base import SEGMENT, Segment, record
+from criogen_graph.runtime.segment import SEGMENT, Segment
 from criogen_graph.stream import ApprovalNeededEvent, Stream, to_event
 from criogen_graph.telemetry.observe import observe
 
@@ -62,12 +63,11 @@ __all__ = [
     "Prepare",
     "Start",
     "build_result",
-    "check_state",
     "checkpoint_version",
+    "open_graph",
     "raise_for_limit",
     "run_on_thread",
     "run_once",
-    "user_message",
 ]
 
 Output = TypeVar("Output")
@@ -80,22 +80,6 @@ _log = logging.getLogger("criogen_graph")
 
 
 # -- the input of a segment ---------------------------------------------------------------
-
-
-def user_message(input: Any, redactor: Redactor | None = None) -> dict[str, Any]:
-    """The user's message of a run (redacted by `redactor`); `TypeError` for a non-str."""
-    if not isinstance(input, str):
-        raise TypeError(f"input must be a str (the user's message), got {type(input).__name__}")
-    return {"role": "user", "content": redactor.redact(input) if redactor is not None else input}
-
-
-def check_state(state: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The run state a caller passed (`state=`), as a new dict; `TypeError` for a non-dict."""
-    if state is None:
-        return {}
-    if not isinstance(state, Mapping):
-        raise TypeError(f"state must be a dict, got {type(state).__name__}")
-    return dict(state)
 
 
 def checkpoint_version(meta: Mapping[str, Any]) -> int:
@@ -352,11 +336,8 @@ class _Saved:
         self.backend: Any = None
 
     async def graph(self) -> tuple[Any, RunnableConfig]:
-        storage = self.storage
-        self.backend = await storage.backend()
-        await self.agent.spec.ensure_tools()
-        store = await storage.get_store() if self.agent.spec.memory is not None else None
-        return self.agent.thread_graph(storage, store), {"configurable": {"thread_id": self.id}}
+        self.backend, graph, cfg = await open_graph(self.agent, self.id)
+        return graph, cfg
 
     def hold(self) -> contextlib.AbstractAsyncContextManager[None]:
         return self.storage.hold(self.id)
@@ -465,6 +446,18 @@ class _Saved:
 
 
 # -- the runner ---------------------------------------------------------------------------
+
+
+async def open_graph(agent: Agent[Any], thread_id: str) -> tuple[Any, Any, RunnableConfig]:
+    """The agent's graph on its storage for thread `thread_id`, as every run and every
+    read of a thread opens it: `(backend, graph, config)`, the storage's backend open,
+    the tools of the agent's tool sources (MCP servers) listed, and the store given
+    when the agent has memory."""
+    storage = agent.storage
+    backend = await storage.backend()
+    await agent.spec.ensure_tools()
+    store = await storage.get_store() if agent.spec.memory is not None else None
+    return backend, agent.thread_graph(storage, store), {"configurable": {"thread_id": thread_id}}
 
 
 async def run_once(agent: Agent[Output], prepare: Prepare) -> RunResult[Output]:

@@ -34,6 +34,7 @@ from criogen_graph.errors import (
     ThreadSuspendedError,
     ValidationError,
 )
+from criogen_graph.runtime.inputs import check_thread_id
 from criogen_graph.serve._events_pg import PgEvents
 from criogen_graph.serve._openapi import openapi
 from criogen_graph.serve._protocol import (
@@ -50,7 +51,6 @@ from criogen_graph.serve._protocol import (
 from criogen_graph.serve._records import Records
 from criogen_graph.serve._runs import HEARTBEAT_SECS, Run, Runs, is_terminal
 from criogen_graph.storage import Storage
-from criogen_graph.storage.base import check_thread_id
 from criogen_graph.stream import Stream
 from criogen_graph.thread import Thread
 

@@ -14,11 +14,11 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.serde.base import CipherProtocol, SerializerProtocol
 
 from criogen_graph.errors import StorageError, ValidationError
+from criogen_graph.runtime.inputs import check_thread_id
 from criogen_graph.storage.base import (
     UNENCRYPTED,
     Backend,
     TranscriptCache,
-    check_thread_id,
 )
 from criogen_graph.storage.locks import LocalLocks, hold
 from criogen_graph.storage.loops import LoopBackends

@@ -4,66 +4,20 @@ audit records that ride along with checkpoint writes, and the backend interface.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import importlib
 import logging
 import sys
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 
+from criogen_graph.audit import record, tool_call_details
 from criogen_graph.redact import CURRENT
-
-
-@dataclass(slots=True)
-class Segment:
-    """A run segment (send, approve, retry, ...) writing to one thread.
-
-    The saver attaches `audit` (the action's records) to the segment's first write, in the
-    same transaction, and records every tool call as its result is saved, so the audit
-    trail never disagrees with the checkpoints, whatever crashes. `last_config` is the
-    last checkpoint the segment saved.
-    """
-
-    thread_id: str
-    run_id: str
-    actor: str | None
-    audit: list[dict[str, Any]] = field(default_factory=list)
-    last_config: dict[str, Any] | None = None
-    last_step: int | None = None
-    #: The head as the segment read it before the run; LangGraph's own first read of
-    #: the head in the same segment gets it instead of asking the database again.
-    head: Any = None
-    head_cached: bool = False
-    #: Metadata to add to each checkpoint the segment saves (a rewind's copy, which
-    #: LangGraph saves without the caller's config metadata).
-    put_metadata: dict[str, Any] | None = None
-    #: Writes a saver held back to save with the run's next write (see `may_wait`), in
-    #: the saver's own form; whatever is left when the segment ends is flushed then.
-    deferred: list[Any] = field(default_factory=list)
-    #: Tool results handed over to LangGraph whose write is not saved yet, by task id:
-    #: `(config, writes, task_path)` as the saver takes them (see `hand_over`).
-    handed: dict[str, tuple[Any, list[tuple[str, Any]], str]] = field(default_factory=dict)
-    #: Saver calls of the segment in flight (LangGraph runs them in tasks of their own).
-    writing: set[asyncio.Future[Any]] = field(default_factory=set)
-    #: Set once the segment settled (see `Backend.settle`): it writes nothing more.
-    closed: bool = False
-    #: A saver that holds writes back: the timer that saves them if no write of the run
-    #: comes first (see `HOLD_BACK_SECS`), and that save while it is in flight.
-    behind: asyncio.TimerHandle | None = None
-    flushing: asyncio.Future[None] | None = None
-
-    def holds_writes(self) -> bool:
-        """Whether writes of the segment are held back or being saved behind it, so the
-        backend's `flush_deferred` still has to run before the lock goes."""
-        return bool(self.deferred) or self.behind is not None or self.flushing is not None
-
+from criogen_graph.runtime.segment import Segment, SegmentSaver, segment_for
 
 #: The tasks whose writes a saver may hold back until the checkpoint that closes their
 #: step, to save both in one round trip: the graph's entry and the model node. Neither
@@ -127,83 +81,6 @@ def writes_may_wait(configurable: Any, task_id: str, task_path: str) -> bool:
 HOLD_BACK_SECS = 0.05
 
 
-SEGMENT: contextvars.ContextVar[Segment | None] = contextvars.ContextVar(
-    "criogen_segment", default=None
-)
-
-
-#: The longest thread id, in UTF-8 bytes. Every backend keys its tables by thread id, and
-#: PostgreSQL's btree indexes hold at most ~2.7 KB per row (LangGraph's keys add the
-#: namespace, checkpoint and task ids to it), so a longer id could not be stored.
-MAX_THREAD_ID_BYTES = 1024
-
-
-def check_thread_id(thread_id: object) -> str:
-    """`thread_id` if every backend can keep it, else `ValidationError` (before anything is
-    read or written): a non-empty str of at most `MAX_THREAD_ID_BYTES` bytes in UTF-8,
-    with no NUL character and no lone surrogate."""
-    from criogen_graph.errors import ValidationError
-
-    if not isinstance(thread_id, str):
-        raise ValidationError(
-            f"a thread id must be a non-empty str, got {type(thread_id).__name__}",
-            code="invalid_type",
-        )
-    if not thread_id.strip():
-        raise ValidationError("a thread id must be a non-empty str", code="invalid_value")
-    if len(thread_id) > MAX_THREAD_ID_BYTES:  # (a char is at least one byte)
-        size = f"{len(thread_id)} characters"
-    else:
-        try:
-            size_bytes = len(thread_id.encode("utf-8"))
-        except UnicodeEncodeError:
-            raise ValidationError(
-                f"thread id {thread_id[:40]!r}... has a lone surrogate (half of a UTF-16 "
-                "pair, e.g. from bytes decoded with 'surrogateescape'), which no storage can "
-                "keep: decode the id properly",
-                code="invalid_value",
-            ) from None
-        if size_bytes <= MAX_THREAD_ID_BYTES:
-            if "\x00" in thread_id:
-                raise ValidationError(
-                    f"thread id {thread_id[:40]!r} contains a NUL character, which PostgreSQL "
-                    "cannot store: remove it",
-                    code="invalid_value",
-                )
-            return thread_id
-        size = f"{size_bytes} bytes"
-    raise ValidationError(
-        f"a thread id must be at most {MAX_THREAD_ID_BYTES} bytes in UTF-8, got {size} "
-        f"(starting {thread_id[:40]!r}): use a shorter id, or a hash of a long key",
-        code="invalid_value",
-    )
-
-
-def now_ns() -> int:
-    return time.time_ns()
-
-
-def record(
-    action: str,
-    thread_id: str,
-    *,
-    run_id: str | None,
-    actor: str | None,
-    **details: Any,
-) -> dict[str, Any]:
-    """One audit record. `ts_ns` orders records made in the same millisecond."""
-    ns = now_ns()
-    return {
-        "ts_ms": ns // 1_000_000,
-        "ts_ns": ns,
-        "thread_id": thread_id,
-        "run_id": run_id,
-        "actor": actor,
-        "action": action,
-        "details": details,
-    }
-
-
 #: LangGraph's write channel for the exception that failed a task.
 ERROR_CHANNEL = "__error__"
 
@@ -221,18 +98,6 @@ def redacted_errors(writes: Sequence[tuple[str, Any]]) -> Sequence[tuple[str, An
         else (channel, value)
         for channel, value in writes
     ]
-
-
-def hand_over(
-    thread_id: str, task_id: str, config: Any, writes: list[tuple[str, Any]], task_path: str
-) -> None:
-    """Note a tool result handed over to LangGraph (the `writes` of task `task_id`, to be
-    saved with `config`), so that `Backend.settle` saves it if the run is cancelled
-    before LangGraph does: LangGraph does not always save a cancelled task's writes (a
-    step of one task runs inline, and a cancellation there drops them)."""
-    seg = segment_for(thread_id)
-    if seg is not None and not seg.closed:
-        seg.handed[task_id] = (config, writes, task_path)
 
 
 class writing:  # used like a function: `with writing(seg) as ok:`
@@ -272,11 +137,6 @@ class writing:  # used like a function: `with writing(seg) as ok:`
             seg.handed.pop(self._task_id, None)
 
 
-def segment_for(thread_id: str) -> Segment | None:
-    seg = SEGMENT.get()
-    return seg if seg is not None and seg.thread_id == thread_id else None
-
-
 def records_for_writes(
     seg: Segment | None, writes: Sequence[tuple[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -301,22 +161,6 @@ def records_for_writes(
                     )
                 )
     return out
-
-
-def tool_call_details(m: Mapping[str, Any]) -> dict[str, Any]:
-    """The details of a `tool_call` audit record, from the tool message that answers it:
-    the call, the tool that ran, its status, and the hooks or decision that changed it."""
-    details: dict[str, Any] = {
-        "call_id": m.get("tool_call_id"),
-        "tool": m.get("name"),
-        "status": m.get("status"),
-    }
-    if "tool" in m:
-        details["ran_as"] = m["tool"]
-    for key in ("changed_by", "decision", "error_kind"):
-        if key in m:
-            details[key] = m[key]
-    return details
 
 
 def cached_head(config: Any) -> tuple[bool, Any]:
@@ -412,7 +256,7 @@ def not_offered(method: str) -> NotImplementedError:
     return NotImplementedError(NOT_OFFERED[method])
 
 
-class SaverMixin:
+class SaverMixin(SegmentSaver):
     """What our savers add to LangGraph's: the transcript cache in front of the
     `DeltaChannel` history, and audit rows serialized like checkpoint payloads (so an
     encryption key covers them too). Put it first among the bases.

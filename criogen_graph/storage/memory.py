@@ -24,6 +24,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.store.base import Op, Result
 from langgraph.store.memory import InMemoryStore
 
+from criogen_graph.runtime.segment import segment_for
 from criogen_graph.storage.base import (
     ENCRYPTION_CLAIM,
     LEGACY_KEY_CHECK,
@@ -38,7 +39,6 @@ from criogen_graph.storage.base import (
     records_for_put,
     records_for_writes,
     redacted_errors,
-    segment_for,
     segment_metadata,
     writing,
 )

@@ -26,6 +26,8 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from criogen_graph._aio import uncancelled
 from criogen_graph._urls import mask_url
 from criogen_graph.errors import StorageError
+from criogen_graph.runtime.inputs import check_thread_id
+from criogen_graph.runtime.segment import Segment, segment_for
 from criogen_graph.storage.base import (
     ENCRYPTION_CLAIM,
     ERROR_CHANNEL,
@@ -34,12 +36,10 @@ from criogen_graph.storage.base import (
     Backend,
     MakeRecord,
     SaverMixin,
-    Segment,
     TranscriptCache,
     adopt_claim,
     audit_query,
     cached_head,
-    check_thread_id,
     checkpoint_config,
     checkpoint_tuple,
     import_once,
@@ -47,7 +47,6 @@ from criogen_graph.storage.base import (
     records_for_put,
     records_for_writes,
     redacted_errors,
-    segment_for,
     segment_metadata,
     writes_may_wait,
     writing,

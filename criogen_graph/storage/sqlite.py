@@ -42,6 +42,8 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.checkpoint.sqlite.utils import load_pending_writes, pending_writes_sql
 
 from criogen_graph.errors import StorageError
+from criogen_graph.runtime.inputs import check_thread_id
+from criogen_graph.runtime.segment import Segment, segment_for
 from criogen_graph.storage.base import (
     ENCRYPTION_CLAIM,
     LEGACY_KEY_CHECK,
@@ -49,12 +51,10 @@ from criogen_graph.storage.base import (
     Backend,
     MakeRecord,
     SaverMixin,
-    Segment,
     TranscriptCache,
     adopt_claim,
     audit_query,
     cached_head,
-    check_thread_id,
     checkpoint_config,
     checkpoint_tuple,
     import_once,
@@ -63,7 +63,6 @@ from criogen_graph.storage.base import (
     records_for_put,
     records_for_writes,
     redacted_errors,
-    segment_for,
     segment_metadata,
     writes_may_wait,
     writing,
