@@ -7,7 +7,7 @@ import json
 import os
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Required, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from criogen_graph.errors import ValidationError
 from criogen_graph.messages import (
@@ -19,19 +19,21 @@ from criogen_graph.messages import (
 )
 from criogen_graph.models.base import ModelRequest, ModelResponse, wire_call_id
 from criogen_graph.models.http import (
-    HttpModel,
     HttpOptions,
     api_key_from,
-    base_url_and_key,
     tokens,
     tool_call,
+)
+from criogen_graph.models.openai_common import (
+    OpenAIConnection,
+    OpenAIHttpModel,
+    openai_endpoint,
 )
 from criogen_graph.results import empty_usage
 
 if TYPE_CHECKING:
     from criogen_graph.models.openai_responses import OpenAIResponsesModel
 
-OPENAI_URL = "https://api.openai.com/v1"
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 AZURE_API_VERSION = "2024-10-21"
 _FILTER_FINISH = ("content_filter",)
@@ -138,45 +140,6 @@ def _calls(raw_calls: list[dict[str, Any]]) -> list[ToolCallData]:
         call_id = c.get("id") or "call_" + uuid.uuid4().hex[:16]
         calls.append(tool_call(call_id, fn["name"], fn.get("arguments")))
     return calls
-
-
-class OpenAIConnection(HttpOptions, total=False):
-    """How an OpenAI-style model reaches its server (see `OpenAIHttpModel`)."""
-
-    api_key: Required[str | None]
-    base_url: str
-    provider: str
-    headers: Mapping[str, str] | None
-    key_header: str
-
-
-class OpenAIHttpModel(HttpModel):
-    """What the models of both OpenAI APIs share: OpenAI's URL unless `base_url` names
-    another (compatible) server, whose name `provider` is; the key as a bearer token, or
-    as the value of `key_header` (Azure's `api-key`)."""
-
-    provider = "openai"
-
-    def __init__(
-        self,
-        model: str,
-        *,
-        api_key: str | None,
-        base_url: str = OPENAI_URL,
-        provider: str = "openai",
-        headers: Mapping[str, str] | None = None,
-        key_header: str = "authorization",
-        **options: Unpack[HttpOptions],
-    ) -> None:
-        auth: dict[str, str] = {}
-        if api_key:
-            auth = (
-                {"authorization": f"Bearer {api_key}"}
-                if key_header == "authorization"
-                else {key_header: api_key}
-            )
-        super().__init__(model, base_url=base_url, auth=auth, headers=headers, **options)
-        self.provider = provider
 
 
 class OpenAIModel(OpenAIHttpModel):
@@ -412,29 +375,6 @@ def openai(
     return OpenAIModel(
         model, api_key=key, base_url=url, provider="openai", headers=extra, **options
     )
-
-
-def openai_endpoint(
-    base_url: str | None,
-    api_key: str | None,
-    organization: str | None,
-    headers: Mapping[str, str] | None,
-    what: str,
-) -> tuple[str, str | None, dict[str, str]]:
-    """OpenAI's base URL and API key (see `base_url_and_key`), and `headers` with the
-    organization's."""
-    url, key = base_url_and_key(
-        base_url,
-        api_key,
-        default_url=OPENAI_URL,
-        url_env="OPENAI_BASE_URL",
-        key_env="OPENAI_API_KEY",
-        what=what,
-    )
-    extra = dict(headers or {})
-    if organization:
-        extra["openai-organization"] = organization
-    return url, key, extra
 
 
 def openrouter(

@@ -28,7 +28,7 @@ from criogen_graph.messages import (
 )
 from criogen_graph.models.base import ModelRequest, ModelResponse, wire_call_id
 from criogen_graph.models.http import HttpOptions, tool_call
-from criogen_graph.models.openai import (
+from criogen_graph.models.openai_common import (
     OpenAIConnection,
     OpenAIHttpModel,
     openai_endpoint,
