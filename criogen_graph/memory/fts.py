@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from criogen_graph.memory.search import STOP_WORDS
+from criogen_graph.storage._driver_internals import run_on_sqlite_thread
 
 #: Only the first this many characters of a query are read.
 MAX_QUERY_CHARS = 10_000
@@ -175,7 +176,7 @@ async def _sqlite_setup(store: Any) -> None:
                 db.rollback()
                 raise
 
-        await conn._execute(create, conn._conn)
+        await run_on_sqlite_thread(conn, create)
 
 
 def _statements(script: str) -> list[str]:
@@ -603,7 +604,7 @@ async def search(
         root = root_store(store)
         conn = root.conn
         async with root.lock:
-            found = await conn._execute(_sqlite_search_values, conn._conn, key, words, limit)
+            found = await run_on_sqlite_thread(conn, _sqlite_search_values, key, words, limit)
     elif kind == "postgres":
         await ensure_index(store)
         await _pg_statistics_due(root_store(store))

@@ -144,7 +144,9 @@ def _own_runs_off() -> Iterator[None]:
 
     # LangChain's registry of those context variables has no public accessor; without
     # it (another version) only the LangSmith tracer is turned off.
-    hooks = [entry[0] for entry in getattr(lc_context, "_configure_hooks", ())]
+    from criogen_graph.storage._driver_internals import configure_hook_vars
+
+    hooks = configure_hook_vars()
     hooks.append(lc_context.tracing_v2_callback_var)
     tokens = [(var, var.set(None)) for var in hooks]
     try:

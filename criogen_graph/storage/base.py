@@ -18,6 +18,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 from criogen_graph.audit import record, tool_call_details
 from criogen_graph.redact import CURRENT
 from criogen_graph.runtime.segment import Segment, SegmentSaver, segment_for
+from criogen_graph.storage._driver_internals import store_batch_task
 
 #: The tasks whose writes a saver may hold back until the checkpoint that closes their
 #: step, to save both in one round trip: the graph's entry and the model node. Neither
@@ -483,7 +484,7 @@ class Backend:
     def drop_store(self) -> None:
         """Let go of the store, stopping its background batching task: LangGraph's
         database stores do not stop it themselves when their connection closes."""
-        task = getattr(self.store, "_task", None)
+        task = store_batch_task(self.store)
         if task is not None:
             task.cancel()
         self.store = None

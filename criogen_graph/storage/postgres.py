@@ -28,6 +28,7 @@ from criogen_graph._urls import mask_url
 from criogen_graph.errors import StorageError
 from criogen_graph.runtime.inputs import check_thread_id
 from criogen_graph.runtime.segment import Segment, segment_for
+from criogen_graph.storage._driver_internals import pool_idle_connections, pool_tasks
 from criogen_graph.storage.base import (
     ENCRYPTION_CLAIM,
     ERROR_CHANNEL,
@@ -967,7 +968,7 @@ class PostgresBackend(Backend):
         self.drop_store()
         if self._pool is not None:
             pool, self._pool = self._pool, None
-            idle = list(getattr(pool, "_pool", ()))
+            idle = pool_idle_connections(pool)
             try:
                 await pool.close()
             except asyncio.CancelledError:
@@ -1155,8 +1156,8 @@ class PostgresBackend(Backend):
         # are closed here (left to the garbage collector, each would raise "Event loop
         # is closed" from a finalizer), and the sockets too.
         pool = self._pool
-        conns = [self._lock_conn, *getattr(pool, "_pool", ())]
-        tasks = [*getattr(pool, "_workers", ()), getattr(pool, "_sched_runner", None)]
+        conns = [self._lock_conn, *pool_idle_connections(pool)]
+        tasks = pool_tasks(pool)
         self._lock_conn = self._pool = None
         self.store = None
         for task in tasks:

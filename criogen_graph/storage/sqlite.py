@@ -44,6 +44,7 @@ from langgraph.checkpoint.sqlite.utils import load_pending_writes, pending_write
 from criogen_graph.errors import StorageError
 from criogen_graph.runtime.inputs import check_thread_id
 from criogen_graph.runtime.segment import Segment, segment_for
+from criogen_graph.storage._driver_internals import daemon_thread, run_on_sqlite_thread
 from criogen_graph.storage.base import (
     ENCRYPTION_CLAIM,
     LEGACY_KEY_CHECK,
@@ -171,7 +172,7 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
                         self._schedule_wal_checkpoint()
                 return result
         async with self.lock:
-            return cast(T, await self.conn._execute(fn, self.conn._conn))  # type: ignore[no-untyped-call]
+            return await run_on_sqlite_thread(self.conn, fn)
 
     def _schedule_wal_checkpoint(self) -> None:
         if self._wal_task is not None and not self._wal_task.done():
@@ -182,7 +183,7 @@ class _Saver(SaverMixin, AsyncSqliteSaver):
 
         async def checkpoint() -> None:
             async with self.lock:
-                await self.conn._execute(wal_checkpoint, self.conn._conn)  # type: ignore[no-untyped-call]
+                await run_on_sqlite_thread(self.conn, wal_checkpoint)
 
         self._wal_task = asyncio.ensure_future(checkpoint())
 
@@ -547,7 +548,7 @@ class SqliteBackend(Backend):
             conn = aiosqlite.connect(self.path)
             # A storage nobody closed must not keep the interpreter alive at exit: SQLite
             # rolls back whatever was uncommitted when the file is next opened.
-            conn._thread.daemon = True
+            daemon_thread(conn)
             await conn
         except (sqlite3.Error, OSError) as exc:
             raise StorageError(
@@ -589,7 +590,7 @@ class SqliteBackend(Backend):
             # Its own connection (in autocommit mode: the store issues its own BEGIN), so
             # the store's statements never interleave with the saver's.
             conn = aiosqlite.connect(self.path, isolation_level=None)
-            conn._thread.daemon = True
+            daemon_thread(conn)
             await conn
             async with conn.execute(f"PRAGMA synchronous={self.synchronous}"):
                 pass
