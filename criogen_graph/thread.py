@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
 
     from criogen_graph.agent import Agent
-    from criogen_graph.background import RunHandle
+    from criogen_graph.background.runs import RunHandle
 
 __all__ = ["Thread"]
 
@@ -246,13 +246,13 @@ class Thread(Generic[Output]):
         worker` on PostgreSQL; a task of this process on memory:// and SQLite). Returns a
         `RunHandle` (`id`, `status()`, `reply()`, `cancel()`). The runs submitted to one
         thread run one at a time, in order."""
-        from criogen_graph.background import submit
+        from criogen_graph.background.runs import submit
 
         return await submit(self, "send", input=input, state=state)
 
     async def submit_approve(self, *, expected: Expected | None = None) -> RunHandle[Output]:
         """`approve` as a background run; a bare call pins what waits now."""
-        from criogen_graph.background import submit
+        from criogen_graph.background.runs import submit
 
         return await submit(self, "approve", expected=expected)
 
@@ -260,7 +260,7 @@ class Thread(Generic[Output]):
         self, message: str = "rejected", *, expected: Expected | None = None
     ) -> RunHandle[Output]:
         """`reject` as a background run."""
-        from criogen_graph.background import submit
+        from criogen_graph.background.runs import submit
 
         return await submit(self, "reject", message=message, expected=expected)
 
@@ -271,20 +271,20 @@ class Thread(Generic[Output]):
         expected: Expected | None = None,
     ) -> RunHandle[Output]:
         """`decide` as a background run."""
-        from criogen_graph.background import submit
+        from criogen_graph.background.runs import submit
 
         return await submit(self, "decide", decisions=decisions, expected=expected)
 
     async def submit_retry(self) -> RunHandle[Output]:
         """`retry` as a background run."""
-        from criogen_graph.background import submit
+        from criogen_graph.background.runs import submit
 
         return await submit(self, "retry")
 
     def run(self, run_id: str) -> RunHandle[Output]:
         """A handle on a background run submitted earlier (by any process sharing the
         storage), from its id."""
-        from criogen_graph.background import handle
+        from criogen_graph.background.runs import handle
 
         return handle(self, run_id)
 
