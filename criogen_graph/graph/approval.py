@@ -13,7 +13,7 @@ from langgraph.errors import GraphInterrupt
 from langgraph.types import Command, Send, interrupt
 
 from criogen_graph.errors import ValidationError
-from criogen_graph.graph.segment import segment_of
+from criogen_graph.graph.invocation import invocation_of
 from criogen_graph.graph.spec import AgentSpec
 from criogen_graph.redact import Redactor, effective
 from criogen_graph.results import DECISION_TYPES, Decision
@@ -221,7 +221,7 @@ class ApprovalNode:
 
     async def __call__(self, payload: dict[str, Any], config: RunnableConfig) -> Command[Any]:
         requests: list[dict[str, Any]] = payload["requests"]
-        seg = segment_of(config)
+        seg = invocation_of(config)
         states = None
         if seg is not None and not seg.started:
             states = await seg.start_from(config)  # an answer starts this segment

@@ -33,8 +33,8 @@ from criogen_graph._aio import uncancelled
 from criogen_graph.audit import SegmentAudit, answer_action
 from criogen_graph.graph.approval import ApprovalNode
 from criogen_graph.graph.events import API_RUN, CUSTOM_STREAM
+from criogen_graph.graph.invocation import INVOCATION_KEY, Invocation
 from criogen_graph.graph.model import ModelNode
-from criogen_graph.graph.segment import SEGMENT_KEY, RunSegment
 from criogen_graph.graph.spec import AgentSpec
 from criogen_graph.graph.state import (
     AgentInput,
@@ -131,13 +131,13 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
         hooks = spec.hooks
         if not hooks.on_start and not hooks.on_end and audit is None and spans is None:
             configurable = (config or {}).get("configurable")
-            if configurable and configurable.get(SEGMENT_KEY) is not None:
+            if configurable and configurable.get(INVOCATION_KEY) is not None:
                 # Run inside another agent's segment (a subgraph): not ours to note.
-                config = {**(config or {}), "configurable": {**configurable, SEGMENT_KEY: None}}
+                config = {**(config or {}), "configurable": {**configurable, INVOCATION_KEY: None}}
             return super().astream(input, config, **kwargs)
-        seg = RunSegment(spec, note_records=audit is not None)
+        seg = Invocation(spec, note_records=audit is not None)
         config = {**(config or {})}
-        config["configurable"] = {**(config.get("configurable") or {}), SEGMENT_KEY: seg}
+        config["configurable"] = {**(config.get("configurable") or {}), INVOCATION_KEY: seg}
         if spans is not None:
             return self._observed(spans, spec, input, config, kwargs, seg, audit)
         return self._segment(input, config, kwargs, seg, audit)
@@ -192,7 +192,7 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
         input: Any,
         config: RunnableConfig,
         kwargs: dict[str, Any],
-        seg: RunSegment,
+        seg: Invocation,
         audit: SegmentAudit | None,
     ) -> AsyncIterator[Any]:
         """`_segment` in the run segment's `invoke_agent` span, as our API opens it."""
@@ -219,7 +219,7 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
         input: Any,
         config: RunnableConfig,
         kwargs: dict[str, Any],
-        seg: RunSegment,
+        seg: Invocation,
         audit: SegmentAudit | None,
     ) -> AsyncIterator[Any]:
         try:
@@ -237,7 +237,7 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
 
     @staticmethod
     async def _end(
-        seg: RunSegment, audit: SegmentAudit | None, outcome: str, exc: BaseException | None
+        seg: Invocation, audit: SegmentAudit | None, outcome: str, exc: BaseException | None
     ) -> None:
         try:
             await seg.end(outcome)
@@ -296,7 +296,7 @@ def _action(input: Any) -> str:
     return "retry" if input is None else "send"
 
 
-def _span_end(seg: RunSegment, outcome: str) -> dict[str, Any]:
+def _span_end(seg: Invocation, outcome: str) -> dict[str, Any]:
     """The `invoke_agent` span's closing attributes, from what the nodes noted."""
     run = seg.run
     usage = run.get("usage") or {}

@@ -16,8 +16,8 @@ from criogen_graph.errors import ModelError, ValidationError
 from criogen_graph.graph.context import Compactor, View, calibrated, tail_start
 from criogen_graph.graph.events import RedactedText, Writer, step_of, stream_writer
 from criogen_graph.graph.hook_actions import checked_reply, checked_transcript, redacted_action
+from criogen_graph.graph.invocation import Invocation, invocation_of
 from criogen_graph.graph.model_call import STEP, Step, compose, finished
-from criogen_graph.graph.segment import RunSegment, segment_of
 from criogen_graph.graph.spec import AgentSpec
 from criogen_graph.graph.state import (
     add_usage,
@@ -180,7 +180,7 @@ class ModelNode:
     async def __call__(self, state: dict[str, Any], config: RunnableConfig) -> Any:
         if not self.spec.loaded:
             await self.spec.ensure_tools()  # a graph run without the API (Studio)
-        seg = segment_of(config)
+        seg = invocation_of(config)
         writer = stream_writer(config)
         if writer is None:
             update, new = await self._run(state, config, None, seg)
@@ -202,7 +202,7 @@ class ModelNode:
         state: dict[str, Any],
         config: RunnableConfig,
         writer: Writer | None,
-        seg: RunSegment | None,
+        seg: Invocation | None,
     ) -> tuple[Any, Messages]:
         """The node's update, and the messages it adds (for `message` events)."""
         messages: Messages = state.get("messages") or []
@@ -470,7 +470,7 @@ class ModelNode:
 
 async def _begin(
     prev: RunRecord | None,
-    seg: RunSegment | None,
+    seg: Invocation | None,
     messages: Messages,
     user_state: Mapping[str, Any],
 ) -> RunRecord:
@@ -593,7 +593,7 @@ def _approval_requests(spec: AgentSpec, calls: list[ToolCallData]) -> list[dict[
     return requests
 
 
-def _saw(seg: RunSegment, state: dict[str, Any], update: Any, new: Messages) -> None:
+def _saw(seg: Invocation, state: dict[str, Any], update: Any, new: Messages) -> None:
     """Tell the segment what this model step left (for `on_end` and its outcome)."""
     values = update.update if isinstance(update, Command) else update
     run = values.get("run") if isinstance(values, Mapping) else None

@@ -29,7 +29,7 @@ from pydantic_core import to_jsonable_python
 from criogen_graph._aio import cancel_pending, to_the_end
 from criogen_graph.errors import LimitExceededError, ToolError, ToolExecutionError
 from criogen_graph.graph.events import Writer, step_of, stream_writer
-from criogen_graph.graph.segment import segment_of
+from criogen_graph.graph.invocation import invocation_of
 from criogen_graph.graph.spec import AgentSpec
 from criogen_graph.graph.state import add_usage
 from criogen_graph.hooks import ToolCall, ToolResult, call_hook, copy_value
@@ -402,7 +402,7 @@ class ToolsNode:
     async def __call__(self, payload: dict[str, Any], config: RunnableConfig) -> None:
         if not self.spec.loaded:
             await self.spec.ensure_tools()  # e.g. a retry after a restart, in Studio
-        seg = segment_of(config)
+        seg = invocation_of(config)
         if seg is not None and not seg.started:
             # A retry that starts with the calls left to run: the model node that follows
             # writes what `on_start` saved (a call's task writes only its result).

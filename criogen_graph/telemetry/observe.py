@@ -17,8 +17,9 @@ if TYPE_CHECKING:
     from criogen_graph.graph.spec import AgentSpec
 
 
-class Segment:
-    """The open span of a run segment (or nothing): `done(result)` records the outcome."""
+class RunSpan:
+    """The open span of a run segment (or nothing): `done(result)` records the outcome.
+    (The segment itself is `runtime.segment.Segment`.)"""
 
     __slots__ = ("span", "spans")
 
@@ -64,7 +65,7 @@ class Segment:
         )
 
 
-_NOTHING = Segment(None, None)
+_NOTHING = RunSpan(None, None)
 
 
 @contextlib.contextmanager
@@ -75,7 +76,7 @@ def observe(
     run_id: str,
     thread_id: str | None = None,
     actor: str | None = None,
-) -> Iterator[Segment]:
+) -> Iterator[RunSpan]:
     outer_spans = SPANS.get()
     outer_redactor = CURRENT.get()
     if spec.spans is None and spec.redact is None and outer_spans is None:
@@ -98,7 +99,7 @@ def observe(
             "criogen.actor": actor,
         }
         with spans.span(f"invoke_agent {spec.name}", attributes) as span:
-            segment = Segment(spans, span)
+            segment = RunSpan(spans, span)
             try:
                 yield segment
             except GraphBubbleUp:

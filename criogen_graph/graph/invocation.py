@@ -1,10 +1,11 @@
-"""One run segment of an agent graph, however LangGraph runs it.
+"""One invocation of an agent graph, however LangGraph runs it: the graph's side of a run
+segment (`runtime.segment.Segment` is what our storage writes of it).
 
 A run segment is one invocation of the compiled graph: a run, or its continuation after
 an approval answer or a retry. Whoever drives the graph (our `Thread`, `agent.run`,
 `graph.ainvoke` / `astream` with any checkpointer, `langgraph dev`, LangGraph's server,
 a parent graph), the compiled graph's `astream` (every LangGraph entry point goes
-through it) opens a `RunSegment` and hands it to the nodes in the run's `configurable`:
+through it) opens an `Invocation` and hands it to the nodes in the run's `configurable`:
 
 - `on_start` runs once, in the first node of the segment, before it does anything, with
   the transcript as the node sees it (the new input included); what it saves
@@ -14,7 +15,7 @@ through it) opens a `RunSegment` and hands it to the nodes in the run's `configu
 - the audit records the nodes note go to the LangGraph store the run has when the
   checkpointer is not one of ours (see `criogen_graph.audit`).
 
-The segment exists only when there is something to do (hooks, or an audit sink), so a
+The invocation exists only when there is something to do (hooks, or an audit sink), so a
 plain graph pays one dict lookup per node.
 """
 
@@ -40,14 +41,14 @@ from criogen_graph.redact import logger
 from criogen_graph.results import Outcome, outcome
 
 #: Where the nodes find the segment of the invocation they run in.
-SEGMENT_KEY = "__criogen_run_segment"
+INVOCATION_KEY = "__criogen_run_segment"
 #: LangGraph's key (in a task's `configurable`) for reading the current state.
 _READ = "__pregel_read"
 
 _EMPTY: Mapping[str, Any] = {}
 
 
-class RunSegment:
+class Invocation:
     """What one invocation of an agent graph keeps across its nodes (module docstring)."""
 
     __slots__ = (
@@ -178,12 +179,12 @@ class RunSegment:
         )
 
 
-def segment_of(config: RunnableConfig) -> RunSegment | None:
-    """The segment a node runs in (None when there is nothing to do around the run)."""
+def invocation_of(config: RunnableConfig) -> Invocation | None:
+    """The invocation a node runs in (None when there is nothing to do around the run)."""
     configurable = config.get("configurable")
     if not configurable:
         return None
-    seg: RunSegment | None = configurable.get(SEGMENT_KEY)
+    seg: Invocation | None = configurable.get(INVOCATION_KEY)
     return seg
 
 
