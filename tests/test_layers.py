@@ -410,3 +410,27 @@ def test_a_private_reach_is_caught(tmp_path: Path) -> None:
     hits = sorted(h.split(" ", 1)[1] for h in private_reaches(path))
     # `self._pool` is the module's own attribute: not a reach into a library.
     assert hits == ["conn._conn", "conn._execute", "getattr(pool, '_workers', ())"]
+
+
+# -- the architecture page stays true ------------------------------------------------------
+
+ARCHITECTURE = ROOT / "docs" / "concepts" / "architecture.md"
+
+
+def test_the_architecture_page_names_files_that_exist_and_every_top_level_module() -> None:
+    text = ARCHITECTURE.read_text()
+    named = re.findall(r"(criogen_graph/[\w/]+\.py)", text)
+    assert len(named) >= 20
+    assert [n for n in named if not (ROOT / n).is_file()] == []
+    top = sorted(
+        p.name
+        for p in PACKAGE.iterdir()
+        if (p.suffix == ".py" and p.name != "__init__.py")
+        or (p.is_dir() and (p / "__init__.py").exists())
+    )
+    missing = [
+        name
+        for name in top
+        if not re.search(rf"(?<![\w.]){re.escape(Path(name).stem)}(\.py|/)?(?![\w])", text)
+    ]
+    assert missing == [], "add these to docs/concepts/architecture.md"
