@@ -11,7 +11,7 @@ START -> model --(answer / output / end)--------------------------> END
 
 The compiled graph is the whole agent: its `astream` (which `ainvoke`, `astream_events`,
 a parent graph and LangGraph's server all go through) redacts new input, runs the hooks
-of the run segment and keeps its audit records (see `nodes.segment`), so LangGraph
+of the run segment and keeps its audit records (see `graph.invocation`), so LangGraph
 running the graph itself gets what our `Thread` gets.
 """
 
@@ -102,7 +102,7 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
         """LangGraph's `ainvoke`; run inside another LangGraph graph (as its node, or
         from a node's code), the messages it returns are LangChain messages, as the
         parent's `add_messages` (`MessagesState`) takes them (see
-        `nodes.state.as_langchain_message`)."""
+        `graph.state.as_langchain_message`)."""
         out = await super().ainvoke(input, config, **kwargs)
         if API_RUN.get() or not _in_parent_graph(config):
             return out
@@ -174,7 +174,7 @@ class AgentGraph(CompiledStateGraph[Any, Any, Any, Any]):
     def _with_listeners(self, config: RunnableConfig | None, kwargs: dict[str, Any]) -> Any:
         """`config` saying whether anyone reads LangGraph's `custom` stream mode (this
         call's, or its parent graph's when that streams its subgraphs): if not, the
-        nodes build no events and no model streams for them (`nodes.events`)."""
+        nodes build no events and no model streams for them (`graph.events`)."""
         modes = kwargs.get("stream_mode") or self.stream_mode
         listened = "custom" in ((modes,) if isinstance(modes, str) else modes)
         if not listened:

@@ -6,7 +6,7 @@
   reason, output) plus `hooks`, the state hooks saved, which outlives the run.
 - `state`: the run state the caller passed (`state=`), read-only to hooks and tools.
 - `context`: with a `ContextPolicy`, the summary of older messages and the token count
-  of the previous call (see `nodes.context`); absent otherwise.
+  of the previous call (see `graph.context`); absent otherwise.
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ def unique_call_ids(calls: list[ToolCallData], transcript: list[Message]) -> Non
     reply has it; a repeated id `X` becomes `X-<n>` (the smallest n >= 2 not yet used);
     a call without an id (missing, empty) gets a fresh `call_<16 hex>`. A renamed call
     keeps the provider's id as `provider_id`, and that is what goes back to the provider
-    (see `adapters.models.base.wire_call_id`), so the provider reads its own ids.
+    (see `models.base.wire_call_id`), so the provider reads its own ids.
     """
     used = _call_ids(transcript)
     for i, c in enumerate(calls):

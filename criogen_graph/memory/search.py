@@ -1,7 +1,7 @@
 """Helpers of memory recall and collection search: words, snippets, and embeddings
 (calling the user's function, checking its vectors, ranking by cosine similarity in a
-worker thread where the database cannot: see `_vectors` for pgvector on PostgreSQL).
-Keyword search is an index in the database: see `_fts`."""
+worker thread where the database cannot: see `vectors` for pgvector on PostgreSQL).
+Keyword search is an index in the database: see `fts`."""
 
 from __future__ import annotations
 

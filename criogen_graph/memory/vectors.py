@@ -23,7 +23,7 @@ goes on past `hnsw.ef_search` candidates until `limit` rows of the namespace are
 a big collection sharing the index with a bigger one still gets its `limit` results; should
 the scan stop short (its `hnsw.max_scan_tuples`), the exact scan answers. Scores are cosine
 similarities (1 - cosine distance), best first, only those > 0, as in the worker-thread
-ranking of `_search.rank_vectors` that stores without pgvector keep.
+ranking of `search.rank_vectors` that stores without pgvector keep.
 
 Setup, once per store and process: `CREATE EXTENSION IF NOT EXISTS vector` (in `public`
 when that schema exists, so dropping a tenant's schema does not drop the type every other

@@ -10,7 +10,7 @@ or as a background run. Each goes through `run_segment`, which in order:
 3. holds the thread (across processes; see `Storage.hold`) and reads its head;
 4. lets the caller's `prepare` decide the input from that head (or refuse);
 5. opens the run's observation (span, redactor) and invokes the graph, which runs the
-   `on_start` / `on_end` hooks around the segment itself (see `nodes.segment`);
+   `on_start` / `on_end` hooks around the segment itself (see `graph.invocation`);
 6. saves what the savers held back (deferred writes) and the transcript cache, or on a
    raise or a cancellation saves what the run wrote before the lock goes;
 7. writes the audit records; builds the `RunResult` / `Reply`; raises for a limit.
@@ -554,7 +554,7 @@ async def _invoke(
 ) -> tuple[dict[str, Any], Sequence[Any]]:
     """Run the graph with `ainvoke`; a streamed run hands the nodes a sink that turns
     their payloads into events of `stream` as they are written. Returns the final values
-    and the interrupts. `on_start` / `on_end` run inside the graph (`nodes.segment`), as
+    and the interrupts. `on_start` / `on_end` run inside the graph (`graph.invocation`), as
     they do however LangGraph drives it."""
     if stream is not None:
         config["configurable"][STREAM_SINK] = _sink(stream)

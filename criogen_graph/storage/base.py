@@ -268,7 +268,7 @@ class SaverMixin(SegmentSaver):
     transcripts: TranscriptCache
     serde: Any
     #: Writes audit records to the storage's table (set when the storage opens it), for
-    #: runs LangGraph drives on this saver without our `Thread` (see `graph.AgentGraph`).
+    #: runs LangGraph drives on this saver without our `Thread` (see `graph.compiled.AgentGraph`).
     audit_writer: Callable[[list[dict[str, Any]]], Awaitable[None]] | None = None
 
     async def aget_delta_channel_history(self, *, config: Any, channels: Sequence[str]) -> Any:

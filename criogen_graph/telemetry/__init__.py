@@ -180,8 +180,8 @@ class Telemetry:
 def _otlp_provider(
     endpoint: str, headers: dict[str, str], service_name: str, timeout_secs: float
 ) -> Any:
-    """A tracer provider of the OpenTelemetry API (`_otlp.light_provider`: light spans,
-    the SDK's sampler and batch processor) feeding our OTLP/HTTP exporter (`_otlp`: its
+    """A tracer provider of the OpenTelemetry API (`otlp.light_provider`: light spans,
+    the SDK's sampler and batch processor) feeding our OTLP/HTTP exporter (`otlp`: its
     own protobuf encoder, httpx, retries). The SDK's spans and encoder, which validate,
     lock and build a protobuf object per attribute, cost more than the rest of a traced
     turn."""
