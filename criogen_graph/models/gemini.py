@@ -160,19 +160,36 @@ def _convert(
     if variants is None:
         variants = node.pop("oneOf", None)
     if variants is not None:
-        if not isinstance(variants, list):
-            raise _Inexpressible(variants)
-        real = [v for v in variants if not (isinstance(v, Mapping) and v.get("type") == "null")]
-        if not real:
-            raise _Inexpressible(variants)
-        if len(real) == 1:
-            out = {**_convert(real[0], root, seen, ordered), **kept}
-        else:
-            out = {**kept, "anyOf": [_convert(v, root, seen, ordered) for v in real]}
-        if len(real) < len(variants):
-            out["nullable"] = True
-        return out
+        return _convert_variants(variants, kept, root, seen, ordered)
+    return _convert_typed(node, kept, root, seen, ordered)
 
+
+def _convert_variants(
+    variants: Any,
+    kept: dict[str, Any],
+    root: Mapping[str, Any],
+    seen: tuple[str, ...],
+    ordered: bool,
+) -> dict[str, Any]:
+    """An `anyOf` / `oneOf`: its one non-null variant (nullable if a null one is
+    beside it), else an `anyOf` of the converted variants."""
+    if not isinstance(variants, list):
+        raise _Inexpressible(variants)
+    real = [v for v in variants if not (isinstance(v, Mapping) and v.get("type") == "null")]
+    if not real:
+        raise _Inexpressible(variants)
+    if len(real) == 1:
+        out = {**_convert(real[0], root, seen, ordered), **kept}
+    else:
+        out = {**kept, "anyOf": [_convert(v, root, seen, ordered) for v in real]}
+    if len(real) < len(variants):
+        out["nullable"] = True
+    return out
+
+
+def _kind(node: Mapping[str, Any]) -> tuple[str, bool, Any]:
+    """The node's JSON Schema type (guessed from its keywords when it has none),
+    whether `type` allows null, and its enum (a `const` as a one-value enum)."""
     nullable = False
     kind = node.get("type")
     if isinstance(kind, list):
@@ -195,6 +212,17 @@ def _convert(
             raise _Inexpressible(node)  # any value at all
     if kind not in _TYPES:
         raise _Inexpressible(kind)
+    return kind, nullable, enum
+
+
+def _convert_typed(
+    node: Mapping[str, Any],
+    kept: dict[str, Any],
+    root: Mapping[str, Any],
+    seen: tuple[str, ...],
+    ordered: bool,
+) -> dict[str, Any]:
+    kind, nullable, enum = _kind(node)
     out = {"type": _TYPES[kind], **kept}
     fmt = node.get("format")
     if fmt in _FORMATS.get(out["type"], ()):
@@ -210,17 +238,7 @@ def _convert(
             raise _Inexpressible(enum)
         out["enum"] = values
     if out["type"] == "OBJECT":
-        props = node.get("properties")
-        if not isinstance(props, Mapping) or not props:
-            raise _Inexpressible(node)  # a free-form object (a map)
-        out["properties"] = {
-            name: _convert(sub, root, seen, ordered) for name, sub in props.items()
-        }
-        required = [r for r in node.get("required") or () if r in props]
-        if required:
-            out["required"] = required
-        if ordered and len(props) > 1:
-            out["propertyOrdering"] = list(props)
+        out.update(_object_fields(node, root, seen, ordered))
     elif out["type"] == "ARRAY":
         items = node.get("items")
         if not isinstance(items, Mapping):
@@ -228,6 +246,24 @@ def _convert(
         out["items"] = _convert(items, root, seen, ordered)
     if nullable:
         out["nullable"] = True
+    return out
+
+
+def _object_fields(
+    node: Mapping[str, Any], root: Mapping[str, Any], seen: tuple[str, ...], ordered: bool
+) -> dict[str, Any]:
+    """An object's `properties`, `required` and `propertyOrdering`."""
+    props = node.get("properties")
+    if not isinstance(props, Mapping) or not props:
+        raise _Inexpressible(node)  # a free-form object (a map)
+    out: dict[str, Any] = {
+        "properties": {name: _convert(sub, root, seen, ordered) for name, sub in props.items()}
+    }
+    required = [r for r in node.get("required") or () if r in props]
+    if required:
+        out["required"] = required
+    if ordered and len(props) > 1:
+        out["propertyOrdering"] = list(props)
     return out
 
 
