@@ -9,7 +9,9 @@ Not part of the test suite (minutes, not seconds). Run from the repository root:
 
 Reports per round: runs/s (first submit to last finish), p50 / p99 queue wait (submit to
 first start), runs lost (not succeeded), tool executions duplicated, the workers' CPU
-time per run, and for the kill round the time until the dead worker's runs were started
+time per run, the database's transactions per run (each statement outside a transaction
+is one: statements per run, the submitter's and the bench's polling included), and for
+the kill round the time until the dead worker's runs were started
 again and finished. Each round uses a fresh schema, dropped after.
 
 The floor rows (`--floor`, on by default) run the same number of bare procrastinate jobs,
@@ -124,6 +126,7 @@ class FloorRound:
             with psycopg.connect(self.url, autocommit=True) as conn:
                 conn.execute(SchemaManager.get_schema())
             self.start_workers()
+            tx0 = _transactions(self.url)
             cpu0 = sum(_cpu_s(p.pid) for p in self.procs)
             app = _floor_app(self.url)
             async with app.open_async():
@@ -143,6 +146,7 @@ class FloorRound:
                         break
                     await asyncio.sleep(0.2)
                 cpu = sum(_cpu_s(p.pid) for p in self.procs) - cpu0
+                tx = _transactions(self.url) - tx0
                 span = conn.execute(
                     "SELECT extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded')"
                     " - min(at) FILTER (WHERE type = 'deferred')) FROM procrastinate_events"
@@ -155,6 +159,7 @@ class FloorRound:
                 "concurrency_per_worker": self.args.concurrency,
                 "runs_per_s": round(self.runs / float(span[0]), 1),
                 "worker_cpu_ms_per_run": round(cpu * 1000 / self.runs, 2),
+                "db_transactions_per_run": round(tx / self.runs, 1),
             }
         finally:
             for proc in self.procs:
@@ -168,6 +173,23 @@ class FloorRound:
                     proc.wait()
             with psycopg.connect(PG_URL, autocommit=True) as conn:
                 conn.execute(f'DROP SCHEMA "{self.schema}" CASCADE')
+
+
+def _transactions(url: str) -> int:
+    """Transactions committed or rolled back in the database so far (every statement
+    sent outside a transaction is one; a pipeline is one per sync). Read once the
+    statistics are flushed: an idle backend flushes its own within 10 s (the heartbeats
+    meanwhile add a few per worker, a small error over a round)."""
+    import psycopg
+
+    time.sleep(10.5)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        row = conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database"
+            " WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def _machine() -> dict[str, Any]:
@@ -206,9 +228,15 @@ class Round:
     def start_worker(self) -> subprocess.Popen[bytes]:
         env = {**os.environ, "CRIOGEN_BG_WORKDIR": str(self.workdir), "PYTHONPATH": str(ROOT)}
         log = open(self.workdir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
+        profile: list[str] = []
+        if self.args.profile:
+            # cProfile writes its stats when the worker stops (SIGTERM: a graceful stop).
+            out = Path(self.args.profile) / f"worker-{self.workers}w-{len(self.procs)}.prof"
+            profile = ["-m", "cProfile", "-o", str(out)]
         proc = subprocess.Popen(
             [
                 sys.executable,
+                *profile,
                 "-m",
                 "criogen_graph",
                 "worker",
@@ -266,6 +294,7 @@ class Round:
                     async with gate:
                         return (await agent.thread(f"bench-{i}").submit("nap")).id
 
+                tx0 = _transactions(self.url)
                 cpu0 = sum(_cpu_s(p.pid) for p in self.procs)
                 t0 = time.monotonic()
                 ids = await asyncio.gather(*(submit(i) for i in range(self.runs)))
@@ -305,6 +334,7 @@ class Round:
                             }
                         if finished >= self.runs:
                             cpu = sum(_cpu_s(p.pid) for p in self.procs if p.poll() is None)
+                            tx = _transactions(self.url) - tx0
                             break
                         await asyncio.sleep(0.2)
                     rows = conn.execute(
@@ -337,6 +367,7 @@ class Round:
             }
             if not kill_info:
                 result["worker_cpu_ms_per_run"] = round((cpu - cpu0) * 1000 / self.runs, 2)
+                result["db_transactions_per_run"] = round(tx / self.runs, 1)
             if kill_info:
                 again = [by_id[i] for i in kill_info.pop("_ids") if i in by_id]
                 at = kill_info.pop("_at")
@@ -380,6 +411,9 @@ def main() -> None:
     parser.add_argument("--no-kill", action="store_true")
     parser.add_argument("--json", metavar="FILE", help="also write the results here")
     parser.add_argument("--no-floor", action="store_true", help="skip the bare procrastinate rows")
+    parser.add_argument(
+        "--profile", metavar="DIR", help="run the criogen workers under cProfile, stats here"
+    )
     parser.add_argument("--floor-worker", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.floor_worker:

@@ -14,8 +14,8 @@ Where they run, for one model step:
 and for one tool call:
 
     before_tool hooks
-      -> a.wrap_tool_call -> b.wrap_tool_call -> (argument check) -> the tool (with its
-         timeout and retries)
+      -> a.wrap_tool_call -> b.wrap_tool_call -> (argument check)
+         -> the tool (with its timeout and retries)
     after_tool hooks
 
 The model's retries and fallbacks are middleware too (the agent adds them from

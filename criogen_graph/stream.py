@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
@@ -144,6 +144,10 @@ class Stream(Generic[Output]):
         self._run = run
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task: asyncio.Task[Reply[Output]] | None = None
+        #: Internal: the thread's values and interrupts when the graph stopped (set by
+        #: the runtime; what a state read right after would give), for the HTTP server's
+        #: answer without reading them back.
+        self.final: tuple[dict[str, Any], Sequence[Any]] | None = None
 
     def emit(self, event: StreamEvent) -> None:
         """Queue an event (used by the runtime)."""

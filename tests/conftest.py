@@ -38,6 +38,7 @@ SLOW = (
     "tests/test_serve_workers.py",
     "tests/test_serve_js.py",
     "tests/test_serve_fuzz.py",
+    "tests/test_serve_load.py",
 )
 
 

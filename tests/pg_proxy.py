@@ -42,6 +42,7 @@ class _Shared:
         self.delayed_ns = ctx.Value("q", 0, lock=False)
         self.packets = ctx.Value("q", 0, lock=False)
         self.connections = ctx.Value("q", 0, lock=False)
+        self.ended = ctx.Value("q", 0, lock=False)
 
 
 async def _pipe(
@@ -125,6 +126,7 @@ async def _serve(listener: socket.socket, target: tuple[str, int], shared: _Shar
             _pipe(s_reader, c_writer, shared, nothing, client_received),
             return_exceptions=True,
         )
+        shared.ended.value += 1
 
     server = await asyncio.start_server(handle, sock=listener)
     async with server:
@@ -215,6 +217,11 @@ class PgProxy:
     def connections(self) -> int:
         """Connections the proxy has accepted since it started."""
         return int(self._shared.connections.value)
+
+    def open_connections(self) -> int:
+        """Connections through the proxy not ended yet (a client's goodbye counts as a
+        round trip of the connection it ends, when the proxy gets it)."""
+        return int(self._shared.connections.value - self._shared.ended.value)
 
     def mean_delay_ms(self) -> float:
         """The mean delay each packet actually got since `reset()` (on a busy machine the

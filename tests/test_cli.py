@@ -361,6 +361,38 @@ def test_chat_with_the_fake_model_and_a_new_thread(tmp_path: Path) -> None:
     assert thread in proc.stdout
 
 
+def test_chat_with_an_agents_tools_uses_its_model_when_no_model_is_given(
+    tmp_path: Path,
+) -> None:
+    """`chat --tools examples.support_agent:agent` from a checkout's root, offline: the
+    agent's own scripted model asks for the refund's approval at the prompt."""
+    db = f"sqlite:///{tmp_path / 'support.db'}"
+    chat = ["chat", "--tools", "examples.support_agent:agent", "--storage", db]
+    proc = cli(
+        ROOT,
+        *chat,
+        "--thread",
+        "ticket-1",
+        input="Order A-1 arrived damaged. Please refund it.\na\n/quit\n",
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "function:scripted" in out  # the agent's model, named in the greeting
+    assert '> get_order({"order_id": "A-1"})' in out
+    assert 'approval needed (1 call):\n  refund({"order_id": "A-1"' in out
+    assert "< refund [ok] refunded A-1 (requested by the customer)" in out
+    assert "assistant> Done: refunded A-1 (requested by the customer)." in out
+
+    # --model still wins over the agent's own.
+    answers = script(tmp_path / "answers.json", ["From the script."])
+    proc = cli(ROOT, *chat, "--model", answers, input="Hello\n/quit\n")
+    assert proc.returncode == 0, proc.stderr
+    assert "assistant> From the script." in proc.stdout
+    # A plain list of tools brings no model: one is still required.
+    proc = cli(workdir(tmp_path), "chat", "--tools", "cli_tools:tools")
+    assert proc.returncode == 2 and "chat needs --model" in proc.stderr
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
 def test_chat_ctrl_c_cancels_the_run_and_retry_continues_it(tmp_path: Path) -> None:
     cwd = workdir(tmp_path)

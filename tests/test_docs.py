@@ -7,7 +7,11 @@ Markers, as HTML comments on the line before a fenced block (invisible on the si
 
 - `<!-- snippet -->`: a Python fragment (may use top-level `await` and names it does not
   define); compiled, not run.
-- `<!-- output -->` before a ```` ```text ```` block: lines the preceding program prints.
+- `<!-- output -->` before a ```` ```text ```` block: everything the preceding program
+  prints, compared whole (every line, in order; trailing spaces and blank lines at the
+  ends aside) once run-dependent values are normalised on both sides (`RUN_DEPENDENT`).
+- `<!-- demo-output -->` before a ```` ```text ```` block: everything `criogen-graph demo`
+  prints with the scripted model, compared whole in the same way.
 - `<!-- run: replace 'X' with EXPR -->` (any number, before a program): the test runs
   the program with the Python literal `'X'` replaced by `EXPR`, e.g. a provider string
   by a `FakeModel`, so a program that shows a real provider runs without a key.
@@ -16,6 +20,7 @@ Markers, as HTML comments on the line before a fenced block (invisible on the si
 from __future__ import annotations
 
 import ast
+import difflib
 import json
 import os
 import re
@@ -107,7 +112,7 @@ def blocks(page: Path) -> list[Block]:
             if block.lang == "text" and "output" in markers:
                 prior = [b for b in found if b.lang == "python"]
                 assert prior, f"{block.id}: an output block with no program before it"
-                prior[-1].expected = [x for x in code.splitlines() if x.strip()]
+                prior[-1].expected = code.splitlines()
             found.append(block)
             markers = []
             i = end
@@ -119,6 +124,54 @@ def blocks(page: Path) -> list[Block]:
 
 ALL = [b for page in PAGES for b in blocks(page)]
 PYTHON = [b for b in ALL if b.lang == "python"]
+
+#: The values an output block may show other than the run prints, because they differ
+#: from run to run; both sides are normalised with these and nothing else (so a block
+#: that omits, adds, reorders or alters a line fails). Checkpoint versions and counts are
+#: deterministic and compared as printed.
+RUN_DEPENDENT: list[tuple[re.Pattern[str], str]] = [
+    # ids: UUIDs, generated tool-call ids (call_/toolu_ + hex), other long hex ids
+    (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"), "<id>"),
+    (re.compile(r"\b(?:call|toolu)_[0-9A-Za-z]{6,}\b"), "<id>"),
+    (re.compile(r"\b[0-9a-f]{12,}\b"), "<id>"),
+    # times: ISO timestamps, then durations such as `0.004 s` or `12 ms`
+    (
+        re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:\.\d+)?)?(?:Z|[+-]\d\d:?\d\d)?"),
+        "<time>",
+    ),
+    (re.compile(r"\b\d+(?:\.\d+)? ?(?:ms|s)\b"), "<duration>"),
+    # process ids, and the command prefix the demo prints (where the package is installed)
+    (re.compile(r"\bpid \d+"), "pid <pid>"),
+    (re.compile(r"\S+(?:/criogen-graph| -m criogen_graph)(?= threads )"), "criogen-graph"),
+    # package versions (criogen_graph's, LangGraph's): 1.2.3, 1.2.3.dev4+g0abc
+    (re.compile(r"\b\d+\.\d+\.\d+[\w.+-]*"), "<version>"),
+]
+
+
+def normalised(text: str) -> list[str]:
+    """The lines of a program's output or of an output block, as compared: run-dependent
+    values replaced, trailing spaces and blank lines at either end dropped."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    while lines and not lines[0]:
+        lines.pop(0)
+    out = []
+    for line in lines:
+        for pattern, placeholder in RUN_DEPENDENT:
+            line = pattern.sub(placeholder, line)
+        out.append(line)
+    return out
+
+
+def output_differs(expected: list[str], printed: str) -> str | None:
+    """None when an output block shows exactly what the program printed, else a diff."""
+    want, got = normalised("\n".join(expected)), normalised(printed)
+    if want == got:
+        return None
+    return "\n".join(difflib.unified_diff(want, got, "the page", "printed", lineterm=""))
+
+
 PROGRAMS = [b for b in PYTHON if not b.is_snippet]
 SNIPPETS = [b for b in PYTHON if b.is_snippet]
 
@@ -216,10 +269,20 @@ def test_the_pages_have_programs_and_every_python_block_is_one_or_a_snippet() ->
 def test_program_runs(block: Block, program_results: dict[str, Any]) -> None:
     result = program_results[block.id]
     assert result["ok"], f"{block.id} failed:\n{result['error']}"
-    for line in block.expected:
-        assert line.strip() in result["stdout"], (
-            f"{block.id}: expected output line {line!r} not printed:\n{result['stdout']}"
-        )
+    if block.expected:
+        diff = output_differs(block.expected, result["stdout"])
+        assert diff is None, f"{block.id}: the output block is not what the program prints:\n{diff}"
+
+
+def test_an_output_block_that_omits_or_alters_a_line_fails() -> None:
+    printed = "needs approval: True\nDone: refunded A-1. in 0.004 s\nid call_3f9a2b1c0d4e5f60\n"
+    whole = ["needs approval: True", "Done: refunded A-1. in 0.012 s", "id call_0123456789abcdef"]
+    assert output_differs(whole, printed) is None  # times and ids normalised
+    assert output_differs(["", *whole, "  "], printed) is None  # blank ends, trailing spaces
+    assert output_differs(whole[1:], printed)  # a line left out
+    assert output_differs([*whole, "more"], printed)  # a line the program does not print
+    assert output_differs([whole[0], "Done: refunded A-2. in 0.012 s", whole[2]], printed)
+    assert output_differs(whole[::-1], printed)  # reordered
 
 
 @pytest.mark.parametrize("block", SNIPPETS, ids=lambda b: b.id)
@@ -286,6 +349,24 @@ def test_mkdocs_build_is_strict_and_every_page_is_built(site: Path) -> None:
         assert built.is_file(), f"{page} was not built ({built})"
 
 
+def _toc(site: Path, page: str) -> list[str]:
+    """The anchors of a built page's table of contents (the theme's right-hand sidebar)."""
+    html = (site / page / "index.html").read_text(encoding="utf-8")
+    start = html.index("md-sidebar--secondary")
+    return re.findall(r'href="#([^"]+)"', html[start : html.index("md-content", start)])
+
+
+def test_long_pages_have_a_table_of_contents(site: Path) -> None:
+    """A reader finds the part of a long page from its table of contents: the Scaling
+    page's sections, and the approvals page's rules split under their own headings."""
+    scaling = _toc(site, "concepts/scaling")
+    for anchor in ("cancelled-and-failed-runs", "heartbeats-and-a-worker-that-dies", "measured"):
+        assert anchor in scaling, scaling
+    approvals = _toc(site, "concepts/approvals")
+    for anchor in ("what-needs-approval", "the-answers", "pinned-answers"):
+        assert anchor in approvals, approvals
+
+
 #: Pages checked in the browser (and screenshotted): home, a concept page, an API page.
 RENDERED = {
     "home": ("index.html", "criogen_graph"),
@@ -344,12 +425,71 @@ def test_pages_render_in_a_browser(site: Path) -> None:
             browser.close()
 
 
+#: Code blocks are written to fit the theme's content column at 1280 px (about 81
+#: characters of its code font); program output (```text) wraps in the page instead.
+CODE_WIDTH = 80
+
+#: Every pre block, and the code inside it that scrolls, wider than it is shown.
+_SCROLLING = """() => [...document.querySelectorAll('article pre, article pre > code')]
+  .filter(e => e.scrollWidth > e.clientWidth)
+  .map(e => `${e.scrollWidth} > ${e.clientWidth} px: ` + e.innerText.split('\\n')
+    .reduce((a, line) => (line.length > a.length ? line : a), ''))"""
+
+
+def test_code_lines_fit_the_page() -> None:
+    """Without a browser too: no line of a code block on the site is longer than its
+    column shows (README.md is read on its forge, at another width)."""
+    long = [
+        f"{b.id}: {line}"
+        for b in ALL
+        if b.page != ROOT / "README.md" and b.lang not in ("text", "mermaid")
+        for line in b.code.splitlines()
+        if len(line) > CODE_WIDTH
+    ]
+    assert not long, "\n".join(long)
+
+
+def test_no_code_block_scrolls_sideways_at_1280_px(site: Path) -> None:
+    """Every page, as Chromium lays it out 1280 px wide: no code block (programs,
+    commands, output, API signatures) is wider than its box."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    executable = _chromium()
+    if executable is None:
+        pytest.skip("no chromium on PATH (apt-get install chromium): widths not measured")
+    pages = sorted(site.rglob("index.html"))
+    assert len(pages) >= 30
+    scrolling: dict[str, list[str]] = {}
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            for built in pages:
+                page.goto(built.as_uri())
+                wide = page.evaluate(_SCROLLING)
+                if wide:
+                    scrolling[str(built.relative_to(site))] = wide
+            # The check measures: a line that cannot fit does scroll.
+            page.goto((site / "index.html").as_uri())
+            page.evaluate(
+                """() => { const c = document.querySelector(
+                    'article .language-python pre > code');
+                c.textContent = 'x'.repeat(300); }"""
+            )
+            assert page.evaluate(_SCROLLING), "a 300-character line did not scroll"
+        finally:
+            browser.close()
+    assert not scrolling, scrolling
+
+
 # -- the demo's inspect command --------------------------------------------------------
 
 
 def test_the_demo_prints_a_command_that_inspects_its_thread(jobs: Jobs) -> None:
     stdout, stderr = jobs.demo.communicate(timeout=300)
     assert jobs.demo.returncode == 0, stderr
+    (shown,) = [b for b in ALL if "demo-output" in b.markers]
+    diff = output_differs(shown.code.splitlines(), stdout)
+    assert diff is None, f"{shown.id}: the page does not show what the demo prints:\n{diff}"
     _, _, tail = stdout.partition("Inspect the thread it made")
     commands = [line.strip() for line in tail.splitlines() if "threads --storage" in line]
     assert len(commands) == 2, stdout
@@ -373,3 +513,73 @@ def test_the_demo_prints_a_command_that_inspects_its_thread(jobs: Jobs) -> None:
     assert "Order A-1 arrived damaged" in show and "Done: order A-1 is refunded" in show
     assert runs[1].returncode == 0, audit_err
     assert "approve" in audit and "reviewer" in audit
+
+
+# -- names that must import ------------------------------------------------------------
+
+#: The options that import what they name (`module:attr` or `path/file.py:attr`).
+_NAMED = re.compile(
+    r"(?:--agent|--tools|--auth)[ =]+['\"]?(?P<name>[\w./-]+:[\w.]+)"
+    r"|`\.?/?(?P<path>[\w./-]+\.py:\w+)`"  # a file's object, as langgraph.json names graphs
+)
+#: Metavariables that stand for any name (the help's MODULE:ATTR), never a real one.
+_PLACEHOLDERS = {"module:attr", "module:callable", "module:attribute"}
+
+
+def _cli_help() -> str:
+    """Every help text of `criogen-graph`, its commands and their subcommands."""
+    import argparse
+
+    from criogen_graph._cli.parser import build_parser
+
+    texts: list[str] = []
+    todo = [build_parser()]
+    while todo:
+        parser = todo.pop()
+        texts.append(parser.format_help())
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend(action.choices.values())
+    return "\n".join(texts)
+
+
+def _named_objects() -> dict[str, list[str]]:
+    """Each `module:attr` the docs, examples, notebooks and CLI help tell you to pass,
+    with where it is named."""
+    sources = {str(p.relative_to(ROOT)): p.read_text() for p in PAGES}
+    for pattern in ("examples/**/*.py", "notebooks/*.ipynb"):
+        for path in sorted(ROOT.glob(pattern)):
+            text = path.read_text()
+            if path.suffix == ".ipynb":
+                cells = json.loads(text)["cells"]
+                text = "\n".join("".join(c["source"]) for c in cells)
+            sources[str(path.relative_to(ROOT))] = text
+    sources["criogen-graph --help"] = _cli_help()
+    found: dict[str, list[str]] = {}
+    for where, text in sources.items():
+        for m in _NAMED.finditer(text):
+            name = (m.group("name") or m.group("path")).rstrip(".")
+            if name.lower() not in _PLACEHOLDERS:
+                found.setdefault(name, []).append(where)
+    return found
+
+
+def test_every_module_attr_in_the_docs_and_the_cli_help_imports_from_the_root(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--agent examples.support_agent:agent` as written works from a checkout's root,
+    imported the way the CLI imports it."""
+    from criogen_graph._cli.common import CliError
+    from criogen_graph._cli.loading import import_object
+
+    found = _named_objects()
+    assert "examples.support_agent:agent" in found, found  # the scan sees the pages
+    assert "criogen-graph --help" in {w for ws in found.values() for w in ws}, found
+    monkeypatch.chdir(ROOT)
+    broken = {}
+    for name, where in found.items():
+        try:
+            import_object(name, "--agent")
+        except CliError as exc:
+            broken[name] = (where, str(exc))
+    assert not broken, broken

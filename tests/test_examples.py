@@ -21,6 +21,7 @@ EXPECTED = {
     "support_agent.py": "answer: Done: refunded A-1",
     "memory_agent.py": "friday: From my memory: The user says: I prefer email.",
     "streaming_redaction.py": "saved: [NAME] is at [EMAIL]; call [PHONE] after 9.",
+    "token_auth.py": "Bearer guessed -> None",
 }
 
 KEYS = (

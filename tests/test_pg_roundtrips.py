@@ -199,3 +199,102 @@ async def test_a_cancel_while_the_held_back_input_is_being_saved_keeps_it(
     finally:
         await fresh.close()
     assert reply.text == "answered"
+
+
+async def test_opening_a_set_up_database_costs_one_round_trip_beyond_connecting(
+    proxy: PgProxy,
+) -> None:
+    """A worker or web process that opens its storage per request pays the opening each
+    time: on a database already set up it connects (the lock session and the pool's
+    first connection, side by side) and reads one row set, the schema version with the
+    encryption claim; no setup lock, no migration checks."""
+
+    async def quiet() -> None:
+        # Every connection closed before has ended (its goodbye counted) before counting.
+        deadline = asyncio.get_running_loop().time() + 10
+        while proxy.open_connections():
+            assert asyncio.get_running_loop().time() < deadline, proxy.open_connections()
+            await asyncio.sleep(0.001)
+        proxy.reset()
+
+    first = Storage(proxy.url)
+    await first.open()  # sets the tables up if this database is new
+    await first.close()
+    await quiet()
+    conn = await psycopg.AsyncConnection.connect(proxy.url)
+    per_connection = proxy.round_trips()
+    await conn.close()
+    for _ in range(3):
+        await quiet()
+        before = proxy.connections()
+        storage = Storage(proxy.url)
+        await storage.open()
+        try:
+            opened = proxy.connections() - before
+            statements = proxy.round_trips() - opened * per_connection
+            assert opened <= 2, opened
+            assert statements <= 1, statements
+        finally:
+            await storage.close()
+
+
+#: Round trips of a worker per background run of the send above (at most): the job
+#: fetched, the run record started, the four of the send, the record finished, the job
+#: finished, one more fetch that finds the queue empty (the runs here come one by one;
+#: under a backlog it returns the next job), and one to spare for the worker's own
+#: wake-ups. Before: about 20 (procrastinate's pool checked each connection with a
+#: round trip, and wrapped each statement in a BEGIN and a COMMIT).
+MAX_PER_BACKGROUND_RUN = 10
+
+
+async def test_a_background_run_costs_its_worker_at_most_ten_round_trips(
+    proxy: PgProxy, patient_hold_back: None, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a worker sends per run is what its throughput pays for (each statement costs
+    CPU on both ends even on loopback): no statement of its own to check a pooled
+    connection, nothing read twice."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from criogen_graph import Worker, close_runs
+    from tests.conftest import fresh_schema
+    from tests.reliability import _background_agents as bg
+
+    monkeypatch.setenv("CRIOGEN_BG_WORKDIR", str(tmp_path))
+    with fresh_schema("criogen_rt") as url:
+        through = urlunsplit(urlsplit(url)._replace(netloc=urlsplit(proxy.url).netloc))
+        client = Storage(url)
+        # Heartbeats, abort polls and stalled-job sweeps every 60 s: none while counting.
+        # One run at a time: each wake-up fetches once.
+        worker = Worker(
+            bg.make_agent(Storage(through)),
+            concurrency=1,
+            heartbeat_secs=60,
+            stalled_after_secs=120,
+        )
+        task = asyncio.create_task(worker.run())
+        try:
+            agent = bg.make_agent(client)
+            warm = await agent.thread(uuid.uuid4().hex).submit("nap")  # pools, prepares
+            assert (await asyncio.wait_for(warm.reply(), 60)).text == "done: rested"
+            conn = await psycopg.AsyncConnection.connect(proxy.url)
+            await conn.close()
+            runs = 6
+            proxy.reset()
+            conn = await psycopg.AsyncConnection.connect(proxy.url)
+            per_connection = proxy.round_trips()
+            await conn.close()
+            proxy.reset()
+            before = proxy.connections()
+            for _ in range(runs):
+                handle = await agent.thread(uuid.uuid4().hex).submit("nap")
+                assert (await asyncio.wait_for(handle.reply(), 60)).text == "done: rested"
+            # (Connections a pool opened meanwhile cost round trips of their own, once.)
+            opened = proxy.connections() - before
+            per_run = (proxy.round_trips() - opened * per_connection) / runs
+            assert per_run <= MAX_PER_BACKGROUND_RUN, f"{per_run} round trips per run"
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await close_runs(client)
+            await client.close()
+            await worker.storage.close()

@@ -217,6 +217,31 @@ async def test_the_answer_streams_token_by_token_as_message_tuples(client: Any) 
     assert {p.event for p in parts} == {"metadata", "messages"}
 
 
+async def test_each_message_has_one_id_in_values_and_message_events(client: Any) -> None:
+    """A client merging a stream's messages by id (`useStream`) shows each message once:
+    a tool result carries the same id in `values` (and the thread's state) as in its
+    `messages-tuple` event."""
+    thread_id = (await client.threads.create())["thread_id"]
+    parts = [
+        p
+        async for p in client.runs.stream(
+            thread_id,
+            "support",
+            input={"messages": [{"role": "user", "content": REFUND}]},
+            stream_mode=["values", "messages-tuple"],
+        )
+    ]
+    streamed = {
+        p.data[0]["id"] for p in parts if p.event == "messages" and p.data[0]["type"] == "tool"
+    }
+    assert streamed
+    values = [p.data for p in parts if p.event == "values" and "messages" in p.data]
+    in_values = {m.get("id") for m in values[-1]["messages"] if m["role"] == "tool"}
+    assert in_values == streamed
+    state = await client.threads.get_state(thread_id)
+    assert {m.get("id") for m in state["values"]["messages"] if m["role"] == "tool"} == streamed
+
+
 async def test_the_messages_mode_sends_the_answer_growing_then_complete(client: Any) -> None:
     thread_id = (await client.threads.create())["thread_id"]
     parts = [

@@ -4,7 +4,10 @@ resumed with a Command; state and history; a stream joined again with `Last-Even
 a cancelled run; another identity's 404), and a real browser: a React page on
 `useStream` (built here with esbuild from the locked npm packages of tests/js) in
 Debian's Chromium, driven by Playwright: type a message, watch the answer stream in,
-approve the refund, see the tool's result.
+approve the refund, see the tool's result. Each runs against one `serve` process (inline
+runs, SQLite and PostgreSQL) and against two `serve --workers external` processes with a
+worker process on PostgreSQL (the flow alternates between the two servers; every run is
+executed by the worker).
 
 The npm packages come from the registry npm is configured with (`npm ci`, once, into
 tests/js/node_modules). Without node/npm or chromium these tests skip with the reason;
@@ -19,15 +22,19 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.conftest import PG_URL, ROOT, require_postgres
 from tests.serve_agents import CHUNKS
-from tests.test_serve import REFUND, serve
+from tests.test_serve import AGENTS, REFUND, serve
+
+if TYPE_CHECKING:
+    from tests.test_serve_workers import Cluster
 
 JS = ROOT / "tests" / "js"
 
@@ -61,26 +68,68 @@ def node_modules() -> Path:
     return JS / "node_modules"
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+@pytest.fixture(scope="module")
+def js_cluster(page_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two `serve --workers external` processes (with auth, and CORS for the page) and
+    one worker process, on a PostgreSQL schema of their own."""
+    pytest.importorskip("procrastinate")
+    require_postgres()
+    from tests.test_serve_workers import running_cluster
+
+    workdir = tmp_path_factory.mktemp("serve-js-workers")
+    options = ("--auth", "tests.serve_agents:bearer", "--host", "127.0.0.1", "--cors", page_url)
+    with running_cluster(workdir, *options, agents=AGENTS, workers=1) as cluster:
+        yield cluster
+
+
+def _worker_runs(cluster: Cluster) -> list[str]:
+    """The worker (host:pid) that ran each run of the cluster's queue, in order."""
+    import psycopg
+
+    with closing(psycopg.connect(cluster.url, autocommit=True)) as conn:
+        rows = conn.execute(
+            "SELECT coalesce(worker, '') FROM criogen_runs ORDER BY submitted_at"
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "workers"])
 def test_the_javascript_client_runs_the_same_flow(
-    node_modules: Path, kind: str, tmp_path: Path
+    node_modules: Path, kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    if kind == "postgres":
-        require_postgres()
-        storage = PG_URL
-    else:
-        storage = f"sqlite:///{tmp_path / 'threads.db'}"
     who = f"node-{os.urandom(4).hex()}"
-    options = ("--auth", "tests.serve_agents:bearer", "--host", "127.0.0.1")
-    with serve(storage, tmp_path, *options) as server:
+    if kind == "workers":
+        cluster: Cluster = request.getfixturevalue("js_cluster")
+        a, b = cluster.servers
+        before = len(_worker_runs(cluster))
         done = subprocess.run(
-            ["node", "flow.mjs", server.url, who],
+            ["node", "flow.mjs", a.url, who, b.url],
             cwd=JS,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=180,
         )
-    assert done.returncode == 0, done.stderr + server.log.read_text()
+        assert done.returncode == 0, done.stderr + cluster.logs()
+        # Every run was executed by the worker process, none by either server.
+        ran = _worker_runs(cluster)[before:]
+        (worker,) = cluster.workers
+        assert len(ran) == 4 and all(w.endswith(f":{worker.pid}") for w in ran), ran
+    else:
+        if kind == "postgres":
+            require_postgres()
+            storage = PG_URL
+        else:
+            storage = f"sqlite:///{tmp_path / 'threads.db'}"
+        options = ("--auth", "tests.serve_agents:bearer", "--host", "127.0.0.1")
+        with serve(storage, tmp_path, *options) as server:
+            done = subprocess.run(
+                ["node", "flow.mjs", server.url, who],
+                cwd=JS,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+        assert done.returncode == 0, done.stderr + server.log.read_text()
     seen: dict[str, Any] = json.loads(done.stdout)
     assert seen["first_event"] == "metadata"
     assert seen["streamed_text"] == "Order A-1 is on file; I will refund it."
@@ -104,11 +153,10 @@ class _Quiet(SimpleHTTPRequestHandler):
         return None
 
 
-@pytest.fixture
-def page_url(node_modules: Path, tmp_path: Path) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def page_url(node_modules: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The useStream page, bundled with esbuild, on a loopback static server."""
-    site = tmp_path / "site"
-    site.mkdir()
+    site = tmp_path_factory.mktemp("site")
     built = subprocess.run(
         [
             str(node_modules / ".bin" / "esbuild"),
@@ -136,17 +184,36 @@ def page_url(node_modules: Path, tmp_path: Path) -> Iterator[str]:
         httpd.server_close()
 
 
+@contextmanager
+def _page_server(
+    kind: str, page_url: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """The `api` and `token` parameters of the page, for a server of `kind`."""
+    if kind == "workers":
+        cluster: Cluster = request.getfixturevalue("js_cluster")
+        before = len(_worker_runs(cluster))
+        yield f"api={cluster.servers[0].url}&token=browser-{os.urandom(4).hex()}"
+        # The message and the approval were both run by the worker process.
+        ran = _worker_runs(cluster)[before:]
+        (worker,) = cluster.workers
+        assert len(ran) == 2 and all(w.endswith(f":{worker.pid}") for w in ran), ran
+        return
+    storage = f"sqlite:///{tmp_path / 'threads.db'}"
+    with serve(storage, tmp_path, "--cors", page_url) as server:
+        yield f"api={server.url}"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "workers"])
 def test_a_react_page_on_use_stream_chats_and_approves_in_chromium(
-    page_url: str, tmp_path: Path
+    page_url: str, kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     playwright = pytest.importorskip("playwright.sync_api")
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         _missing("no chromium on PATH (apt-get install chromium)")
     assert chromium is not None
-    storage = f"sqlite:///{tmp_path / 'threads.db'}"
     with (
-        serve(storage, tmp_path, "--cors", page_url) as server,
+        _page_server(kind, page_url, tmp_path, request) as api,
         playwright.sync_playwright() as p,
     ):
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
@@ -164,7 +231,7 @@ def test_a_react_page_on_use_stream_chats_and_approves_in_chromium(
                     else None
                 ),
             )
-            page.goto(f"{page_url}/index.html?api={server.url}&assistant=support")
+            page.goto(f"{page_url}/index.html?{api}&assistant=support")
             page.fill("input[name=message]", REFUND)
             page.click("button[type=submit]")
 
@@ -184,7 +251,7 @@ def test_a_react_page_on_use_stream_chats_and_approves_in_chromium(
             assert len(streams) == 2  # the resume streamed too
             assert errors == []
             shots = os.environ.get("CRIOGEN_DOCS_SCREENSHOTS")
-            if shots:
+            if shots and kind == "sqlite":  # the docs show the one-command server
                 page.screenshot(path=str(Path(shots) / "serve-use-stream.png"))
         finally:
             browser.close()

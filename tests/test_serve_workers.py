@@ -17,7 +17,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ AGENTS = (
     "tests.reliability._background_agents:approver",
 )
 HEARTBEAT, STALLED_AFTER = "0.2", "1.0"
+#: Seconds between the servers' SSE heartbeats (15 by default).
+SSE_HEARTBEAT = "0.3"
 INPUT = "messages"
 #: Every mode the server sends: the ids of the events then count 1, 2, 3, ... with no gap.
 ALL_MODES = ["values", "updates", "custom", "messages-tuple", "messages"]
@@ -50,16 +52,26 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 class Cluster:
     """Two `serve --workers external` processes and the workers of one schema."""
 
-    def __init__(self, url: str, workdir: Path) -> None:
+    def __init__(
+        self,
+        url: str,
+        workdir: Path,
+        agents: tuple[str, ...] = AGENTS,
+        timing: tuple[str, str] = (HEARTBEAT, STALLED_AFTER),
+    ) -> None:
         self.url = url
         self.workdir = workdir
+        self.agents = agents
+        #: The workers' --heartbeat and --stalled-after.
+        self.timing = timing
         self.servers: list[Server] = []
         self.workers: list[subprocess.Popen[bytes]] = []
 
     def start_worker(self) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env.pop("CRIOGEN_EXAMPLE_MODEL", None)  # the scripted models, as `serve` has them
         log = open(self.workdir / f"worker-{len(self.workers)}.log", "wb")  # noqa: SIM115
-        args = [a for spec in AGENTS for a in ("--agent", spec)]
+        args = [a for spec in self.agents for a in ("--agent", spec)]
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -70,9 +82,9 @@ class Cluster:
                 "--storage",
                 self.url,
                 "--heartbeat",
-                HEARTBEAT,
+                self.timing[0],
                 "--stalled-after",
-                STALLED_AFTER,
+                self.timing[1],
             ],
             env=env,
             cwd=ROOT,
@@ -118,21 +130,39 @@ def _wait_registered(cluster: Cluster, count: int) -> None:
             time.sleep(0.05)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    workdir = tmp_path_factory.mktemp("serve-workers")
+@contextmanager
+def running_cluster(
+    workdir: Path,
+    *options: str,
+    agents: tuple[str, ...] = AGENTS,
+    workers: int = 2,
+    servers: int = 2,
+    served: tuple[str, ...] = (),
+    timing: tuple[str, str] = (HEARTBEAT, STALLED_AFTER),
+) -> Iterator[Cluster]:
+    """`servers` processes of `criogen-graph serve --workers external *options` and
+    `workers` worker processes of `agents`, on a PostgreSQL schema of their own (the
+    servers also serve the agents of `served`, which no worker has)."""
     old = os.environ.get("CRIOGEN_BG_WORKDIR")
     os.environ["CRIOGEN_BG_WORKDIR"] = str(workdir)
     try:
         with fresh_schema("criogen_sw") as url, ExitStack() as stack:
-            c = Cluster(url, workdir)
-            c.start_worker()
-            c.start_worker()
-            _wait_registered(c, 2)
-            for _ in range(2):
+            c = Cluster(url, workdir, agents, timing)
+            for _ in range(workers):
+                c.start_worker()
+            if workers:
+                _wait_registered(c, workers)
+            for _ in range(servers):
                 c.servers.append(
                     stack.enter_context(
-                        serve(c.url, workdir, "--workers", "external", agents=AGENTS)
+                        serve(
+                            c.url,
+                            workdir,
+                            "--workers",
+                            "external",
+                            *options,
+                            agents=agents + served,
+                        )
                     )
                 )
             try:
@@ -144,6 +174,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             del os.environ["CRIOGEN_BG_WORKDIR"]
         else:
             os.environ["CRIOGEN_BG_WORKDIR"] = old
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    workdir = tmp_path_factory.mktemp("serve-workers")
+    with running_cluster(workdir, "--heartbeat", SSE_HEARTBEAT) as c:
+        yield c
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -268,6 +305,135 @@ async def _until(what: Any, cluster: Cluster, limit: float = 60) -> None:
         await asyncio.sleep(0.02)
 
 
+async def test_a_client_of_another_server_gets_heartbeats_while_a_workers_tool_runs(
+    cluster: Cluster, clients: tuple[Any, Any]
+) -> None:
+    """A tool may run for minutes on a worker without an event: the stream of a client
+    on another server process carries heartbeat comments meanwhile (proxies drop a
+    silent connection), and ends when the run does."""
+    a, b = clients
+    thread_id = (await a.threads.create())["thread_id"]
+    run = await a.runs.create(
+        thread_id,
+        "bg-agent",
+        input={INPUT: [{"role": "user", "content": "kill"}]},
+        stream_mode=["custom"],
+    )
+    lines: list[str] = []
+
+    async def read() -> None:
+        async with (
+            httpx.AsyncClient(base_url=cluster.servers[1].url, timeout=60) as http,
+            http.stream("GET", f"/threads/{thread_id}/runs/{run['run_id']}/stream") as response,
+        ):
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                lines.append(line)
+
+    reader = asyncio.ensure_future(read())
+
+    async def slow_started() -> bool:
+        return any(e[0] == "slow-started" for e in _ledger(cluster, thread_id))
+
+    try:
+        await _until(slow_started, cluster)
+        since = len(lines)
+
+        async def two_heartbeats() -> bool:
+            return lines[since:].count(": heartbeat") >= 2
+
+        await _until(two_heartbeats, cluster)
+        # They came while the tool ran: it is still waiting for its release.
+        assert "slow" not in [e[0] for e in _ledger(cluster, thread_id)]
+        assert not reader.done()
+    finally:
+        await asyncio.wait_for(b.runs.cancel(thread_id, run["run_id"], wait=True), 60)
+    await asyncio.wait_for(reader, 60)  # the stream ends with the run
+    assert any(line.startswith("event: custom") for line in lines)  # the run's events too
+
+
+async def test_a_run_no_worker_starts_ends_its_stream_with_an_error_saying_why(
+    tmp_path: Path,
+) -> None:
+    """No worker alive for the start timeout: the client's stream ends with an `error`
+    event naming why (not a hang, not a silent end), the run's status is `error`, and
+    its job never runs, even once a worker comes. A run for an agent the workers do not
+    serve ends the same way, with its own reason."""
+    with running_cluster(
+        tmp_path,
+        "--start-timeout",
+        "1",
+        workers=0,
+        servers=1,
+        served=("tests.serve_agents:chunky",),
+    ) as lonely:
+        c = _client(lonely.servers[0].url)
+        try:
+            thread_id = (await c.threads.create())["thread_id"]
+            parts = await asyncio.wait_for(
+                _collect(
+                    c.runs.stream(
+                        thread_id,
+                        "bg-agent",
+                        input={INPUT: [{"role": "user", "content": "nap"}]},
+                        stream_mode=["values"],
+                    )
+                ),
+                60,
+            )
+            assert parts, "the stream ended without a word"
+            assert parts[-1].event == "error", [p.event for p in parts]
+            assert parts[-1].data["code"] == "no_worker"
+            assert "no `criogen-graph worker` has been alive" in parts[-1].data["message"]
+            (run,) = await c.runs.list(thread_id)
+            assert run["status"] == "error"
+            # Joined again later (from any server): the same end.
+            again = await asyncio.wait_for(
+                _collect(c.runs.join_stream(thread_id, run["run_id"])), 60
+            )
+            assert [p.event for p in again] == ["error"]
+            assert (await c.threads.get(thread_id))["status"] != "busy"
+            # `wait` answers with the reason too (the client raises it), as for a run
+            # that failed while running.
+            with pytest.raises(Exception, match="RunFailedError: no worker started the run"):
+                await asyncio.wait_for(
+                    c.runs.wait(
+                        thread_id, "bg-agent", input={INPUT: [{"role": "user", "content": "nap"}]}
+                    ),
+                    60,
+                )
+
+            lonely.start_worker()
+            _wait_registered(lonely, 1)
+            other = (await c.threads.create())["thread_id"]
+            unserved = await asyncio.wait_for(
+                _collect(
+                    c.runs.stream(
+                        other,
+                        "chunky",
+                        input={INPUT: [{"role": "user", "content": "hi"}]},
+                        stream_mode=["values"],
+                    )
+                ),
+                60,
+            )
+            assert unserved[-1].event == "error", [p.event for p in unserved]
+            assert unserved[-1].data["code"] == "unknown_agent"
+            assert (await c.runs.list(other))[0]["status"] == "error"
+
+            # A worker now runs what is sent now, and the failed run never ran.
+            done = await asyncio.wait_for(
+                c.runs.wait(
+                    thread_id, "bg-agent", input={INPUT: [{"role": "user", "content": "nap"}]}
+                ),
+                60,
+            )
+            assert done["messages"][-1]["content"] == "done: rested"
+            assert [e[0] for e in _ledger(lonely, thread_id)] == ["nap"]
+        finally:
+            await c.aclose()
+
+
 async def test_a_run_a_worker_executes_is_cancelled_through_the_other_server(
     cluster: Cluster, clients: tuple[Any, Any]
 ) -> None:
@@ -367,3 +533,7 @@ async def test_external_workers_need_postgresql(tmp_path: Path) -> None:
         create_app(agent, workers="external")
     with pytest.raises(ValidationError, match="'inline' or 'external'"):
         create_app(agent, workers="elsewhere")
+    with pytest.raises(ValidationError, match="heartbeat must be a positive number of seconds"):
+        create_app(agent, heartbeat=0)
+    with pytest.raises(ValidationError, match="start_timeout must be a positive number"):
+        create_app(agent, start_timeout="30")  # type: ignore[arg-type]

@@ -29,6 +29,7 @@ from criogen_graph._cli.rendering import Printer, args_json, message_lines, one_
 if TYPE_CHECKING:
     from types import FrameType
 
+    from criogen_graph import Model
     from criogen_graph.agent import Agent
     from criogen_graph.results import ApprovalRequest, Decision, Reply
     from criogen_graph.stream import Stream
@@ -415,16 +416,20 @@ class Chat:
         return True
 
 
-def _chat_model(args: argparse.Namespace) -> Any:
-    """The model of `--model` (or $CRIOGEN_MODEL), with its provider's key in the
-    environment."""
+def _chat_model(args: argparse.Namespace, agents_model: Model | None) -> Any:
+    """The model of `--model`, else the one of the first `--tools` Agent (so its own
+    model, a scripted one included, runs the chat), else $CRIOGEN_MODEL; with its
+    provider's key in the environment."""
     model: Any = args.model
+    if model is None and agents_model is not None:
+        return agents_model
     if model is None:
         env = os.environ.get(MODEL_ENV)
         if not env:
             parser: argparse.ArgumentParser = args.command_parser
             parser.error(
-                f"chat needs --model (provider:model, 'fake' or a script file) or ${MODEL_ENV}"
+                "chat needs --model (provider:model, 'fake' or a script file), an Agent as "
+                f"--tools (its model), or ${MODEL_ENV}"
             )
         try:
             model = model_choice(env)
@@ -444,19 +449,21 @@ def _chat_model(args: argparse.Namespace) -> Any:
     return model
 
 
-def _chat_tools(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
-    """The tools of `--tools` and the approval rules of `--tools` agents and `--approve`
-    (the first rule for a tool wins)."""
+def _chat_tools(args: argparse.Namespace) -> tuple[list[Any], list[Any], Model | None]:
+    """The tools of `--tools`, the approval rules of `--tools` agents and `--approve`
+    (the first rule for a tool wins), and the model of the first `--tools` agent."""
     tools: list[Any] = []
     rules: dict[str, Any] = {}
+    agents_model: Model | None = None
     for spec in args.tools:
-        found, approvals = tools_from(spec)
+        found, approvals, model = tools_from(spec)
         tools.extend(found)
+        agents_model = agents_model or model
         for rule in approvals:
             rules.setdefault(rule.tool, rule)
     for name in args.approve:
         rules.setdefault(name, name)
-    return tools, list(rules.values())
+    return tools, list(rules.values()), agents_model
 
 
 def _own_sigint(chat: Chat) -> bool:
@@ -482,8 +489,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from criogen_graph.storage import Storage
 
     load_env()
-    model = _chat_model(args)
-    tools, rules = _chat_tools(args)
+    tools, rules, agents_model = _chat_tools(args)
+    model = _chat_model(args, agents_model)
     url = storage_url(args.storage)
     storage = Storage(url)
     try:

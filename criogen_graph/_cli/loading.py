@@ -15,6 +15,7 @@ from criogen_graph._cli.common import DEFAULT_STORAGE, STORAGE_ENV, CliError
 if TYPE_CHECKING:
     from types import ModuleType
 
+    from criogen_graph import Model
     from criogen_graph.agent import Agent
     from criogen_graph.storage import Storage
 
@@ -226,23 +227,24 @@ def _agent_tools(agent: Agent[Any]) -> tuple[list[Any], list[Any]]:
     return [*tools, *spec.sources], list(spec.approvals.values())
 
 
-def tools_from(spec: str) -> tuple[list[Any], list[Any]]:
-    """The tools (and approval rules, for an Agent) of `--tools module:attr`."""
+def tools_from(spec: str) -> tuple[list[Any], list[Any], Model | None]:
+    """The tools of `--tools module:attr`, and for an Agent its approval rules and its
+    model (what `chat` runs without `--model`)."""
     from criogen_graph.agent import Agent
     from criogen_graph.tools import Tool, ToolSource
 
     value = import_object(spec, "--tools")
     if isinstance(value, Agent):
-        return _agent_tools(value)
+        return (*_agent_tools(value), value.model)
     if isinstance(value, Tool | ToolSource):
-        return [value], []
+        return [value], [], None
     if isinstance(value, list | tuple | set | frozenset):
         bad = [v for v in value if not isinstance(v, Tool | ToolSource)]
         if bad:
             raise CliError(
                 f"--tools {spec}: {bad[0]!r} is not a tool (decorate functions with @tool)"
             )
-        return list(value), []
+        return list(value), [], None
     raise CliError(
         f"--tools {spec}: expected a list of tools, a tool or an Agent, got {type(value).__name__}"
     )

@@ -28,10 +28,10 @@ __all__ = ["build_parser"]
 _MAIN_EPILOG = """\
 examples:
   criogen-graph demo
-  criogen-graph chat --model openai:gpt-5-mini --tools my_tools:tools --approve refund
+  criogen-graph chat --model openai:gpt-5-mini --tools examples.support_agent:agent
   criogen-graph threads list
   criogen-graph threads pending ticket-42
-  criogen-graph threads approve ticket-42 --agent support:agent
+  criogen-graph threads approve ticket-42 --agent examples.support_agent:agent
 
 Run `criogen-graph COMMAND --help` for the options of a command.
 """
@@ -44,7 +44,7 @@ run the command again with the same --thread to continue it, from any process.
 """
 
 _CHAT_EPILOG = f"""\
-models (--model, or ${MODEL_ENV}):
+models (--model; without it the model of a --tools Agent, else ${MODEL_ENV}):
   provider:model   openai:gpt-5-mini, anthropic:claude-sonnet-4-5, gemini:gemini-2.5-flash,
                    openrouter:..., azure:...; the key comes from the environment or .env
   fake             echoes what you write (no key, no network)
@@ -57,9 +57,10 @@ at the prompt:
   Ctrl-C while an answer streams cancels the run; it is saved and /retry continues it.
 
 examples:
+  criogen-graph chat --tools examples.support_agent:agent   # its own model: offline
   criogen-graph chat --model openai:gpt-5-mini
-  criogen-graph chat --model anthropic:claude-sonnet-4-5 --tools shop.tools:tools \\
-      --approve refund --instructions "You are a support agent." --thread ticket-42
+  criogen-graph chat --model anthropic:claude-sonnet-4-5 --tools examples.support_agent:agent \\
+      --instructions "You are a support agent." --thread ticket-42
   criogen-graph chat --model script.json --storage sqlite:///support.db --thread ticket-42
 """
 
@@ -79,20 +80,22 @@ examples:
   criogen-graph threads list
   criogen-graph threads --storage sqlite:///support.db show ticket-42
   criogen-graph threads pending ticket-42 --json
-  criogen-graph threads approve ticket-42 --agent support:agent --actor ada
-  criogen-graph threads reject ticket-42 --reason "not eligible" --agent support:agent
-  criogen-graph threads decide ticket-42 --agent support:agent \\
+  criogen-graph threads approve ticket-42 --agent examples.support_agent:agent --actor ada
+  criogen-graph threads reject ticket-42 --agent examples.support_agent:agent \\
+      --reason "not eligible"
+  criogen-graph threads decide ticket-42 --agent examples.support_agent:agent \\
       --json '{{"call_abc": {{"type": "edit", "args": {{"order_id": "A-2"}}}}}}'
   criogen-graph threads audit ticket-42 --json
 """
 
 _DECIDE_EXAMPLE = (
-    "criogen-graph threads decide ticket-42 --agent support:agent --json "
-    '\'{"call_abc": {"type": "edit", "args": {"order_id": "A-2"}}, '
+    "criogen-graph threads decide ticket-42 --agent examples.support_agent:agent \\\n"
+    '      --json \'{"call_abc": {"type": "edit", "args": {"order_id": "A-2"}}, '
     '"call_def": {"type": "reject", "message": "no"}}\'\n'
-    "  criogen-graph threads decide ticket-42 --agent support:agent --json '\"approve\"'\n"
-    "  criogen-graph threads decide ticket-42 --agent support:agent --json "
-    '\'["approve", {"type": "respond", "message": "out of stock"}]\''
+    "  criogen-graph threads decide ticket-42 --agent examples.support_agent:agent \\\n"
+    "      --json '\"approve\"'\n"
+    "  criogen-graph threads decide ticket-42 --agent examples.support_agent:agent \\\n"
+    '      --json \'["approve", {"type": "respond", "message": "out of stock"}]\''
 )
 
 _DECIDE_HELP = (
@@ -220,7 +223,8 @@ _CHAT_OPTIONS = (
         "--model",
         type=model_choice,
         metavar="MODEL",
-        help=f"provider:model, 'fake', or a FakeModel script file (default: ${MODEL_ENV})",
+        help="provider:model, 'fake', or a FakeModel script file (default: the model of a "
+        f"--tools Agent, else ${MODEL_ENV})",
     ),
     _storage(f"where the thread is kept (default: ${STORAGE_ENV} or {DEFAULT_STORAGE})"),
     _opt(
@@ -315,6 +319,19 @@ _SERVE_OPTIONS = (
         default="inline",
         help="who executes the runs: this process (inline, the default) or the "
         "`criogen-graph worker` processes of the PostgreSQL storage (external)",
+    ),
+    _opt(
+        "--heartbeat",
+        type=_positive_float,
+        default=15.0,
+        help="seconds between heartbeat comments on a quiet SSE stream (default 15)",
+    ),
+    _opt(
+        "--start-timeout",
+        type=_positive_float,
+        default=30.0,
+        help="with --workers external: seconds a run may wait for a worker; still queued "
+        "then, with no worker alive in that time, it ends in error (default 30)",
     ),
 )
 
@@ -496,7 +513,8 @@ def _add_answering(actions: _Actions) -> None:
     actions.add(
         "approve",
         "approve the pending calls of a thread and continue its run",
-        "criogen-graph threads approve ticket-42 --agent support:agent --call call_abc",
+        "criogen-graph threads approve ticket-42 --agent examples.support_agent:agent \\\n"
+        "      --call call_abc",
         [
             _THREAD_ID,
             _opt(
@@ -520,7 +538,8 @@ def _add_answering(actions: _Actions) -> None:
     actions.add(
         "reject",
         "reject every pending call of a thread and continue its run",
-        'criogen-graph threads reject ticket-42 --reason "not eligible" --agent support:agent',
+        "criogen-graph threads reject ticket-42 --agent examples.support_agent:agent \\\n"
+        '      --reason "not eligible"',
         [_THREAD_ID, _opt("--reason", help="what the model is told", **_REJECTED), _EXPECT],
     )
     actions.add(
@@ -543,7 +562,7 @@ def _add_answering(actions: _Actions) -> None:
     actions.add(
         "retry",
         "continue a thread's run that failed or was cancelled",
-        "criogen-graph threads retry ticket-42 --agent support:agent",
+        "criogen-graph threads retry ticket-42 --agent examples.support_agent:agent",
         [_THREAD_ID],
     )
 
@@ -557,8 +576,8 @@ def _add_worker(sub: Any, common: argparse.ArgumentParser) -> None:
         cmd_worker,
         help="run queued background runs (PostgreSQL)",
         description=_WORKER_DESCRIPTION,
-        epilog="example:\n  criogen-graph worker --agent support:agent "
-        "--storage postgresql://app@db/app --concurrency 8",
+        epilog="example:\n  criogen-graph worker --agent examples.support_agent:agent \\\n"
+        "      --storage postgresql://app@db/app --concurrency 8",
     )
 
 
@@ -571,7 +590,8 @@ def _add_serve(sub: Any, common: argparse.ArgumentParser) -> None:
         cmd_serve,
         help="serve agents over HTTP (the LangGraph Platform API)",
         description=_SERVE_DESCRIPTION,
-        epilog="example:\n  criogen-graph serve --agent support:agent --storage sqlite:///support.db",
+        epilog="example:\n  criogen-graph serve --agent examples.support_agent:agent \\\n"
+        "      --storage sqlite:///support.db",
     )
 
 

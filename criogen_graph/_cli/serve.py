@@ -41,7 +41,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     auth = _auth(args.auth)
     storage = Storage(storage_url(args.storage), on_busy="wait")
     host = args.host or (LOOPBACK if auth is None else "0.0.0.0")
-    app = create_app(agents, storage=storage, auth=auth, cors=args.cors, workers=args.workers)
+    app = create_app(
+        agents,
+        storage=storage,
+        auth=auth,
+        cors=args.cors,
+        workers=args.workers,
+        heartbeat=args.heartbeat,
+        start_timeout=args.start_timeout,
+    )
     names = ", ".join(a.name for a in agents)
     where = f"http://{host}:{args.port}"
     note = ""

@@ -88,6 +88,29 @@ def _info(row: Mapping[str, Any]) -> RunInfo:
     return RunInfo(**{k: row[k] for k in RunInfo.__dataclass_fields__})
 
 
+def _pool(**kwargs: Any) -> Any:
+    """procrastinate's pool, one round trip per statement where it paid three or four:
+
+    - its connections in autocommit (each of procrastinate's statements, and each of
+      ours on them, is a single statement, atomic by itself; outside autocommit psycopg
+      sent a BEGIN before it and the pool a COMMIT after, a round trip each). Set by
+      `configure`: procrastinate opens its LISTEN connection with the pool's arguments
+      and `autocommit=True` of its own, so the pool's arguments cannot carry it;
+    - a check of each connection it hands out that costs no round trip (procrastinate's,
+      `check_connection`, costs one): a connection the server ended is still found and
+      replaced (`check_pooled`)."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from criogen_graph.adapters.storage.postgres import check_pooled
+
+    async def configure(conn: Any) -> None:
+        await conn.set_autocommit(True)
+
+    kwargs["check"] = check_pooled
+    kwargs["configure"] = configure
+    return AsyncConnectionPool(**kwargs)
+
+
 class PgQueue:
     """One event loop's connection to the queue of one storage."""
 
@@ -102,7 +125,7 @@ class PgQueue:
             raise _missing_extra() from None
         await _setup(self.storage.url)
         connector = procrastinate.PsycopgConnector(
-            conninfo=self.storage.url, min_size=1, max_size=max_size
+            conninfo=self.storage.url, min_size=1, max_size=max_size, pool_factory=_pool
         )
         app = procrastinate.App(connector=connector)
         await app.open_async()
@@ -170,6 +193,33 @@ class PgQueue:
             "  WHERE id = %(job_id)s AND status = 'cancelled')",
             id=run_id,
             job_id=info.job_id,
+        )
+        return True
+
+    async def fail_unstarted(self, run_id: str, *, idle_secs: float, message: str) -> bool:
+        """Fail a queued run no worker has been alive to start for `idle_secs` (no
+        heartbeat in that time): its job is cancelled while still queued, so it never
+        starts, and its record says `no_worker`. False when a worker is alive or the run
+        is no longer queued (a worker took it meanwhile)."""
+        info = await self.info(run_id)
+        if info is None or info.status != "queued" or info.job_id is None:
+            return False
+        row = await self._one(
+            "SELECT EXISTS (SELECT 1 FROM procrastinate_workers WHERE last_heartbeat"
+            " > now() - make_interval(secs => %(secs)s)) AS alive",
+            secs=idle_secs,
+        )
+        if row is None or row["alive"]:
+            return False
+        # Only a job still waiting is cancelled (abort=False): one a worker took runs on.
+        if not await self.app.job_manager.cancel_job_by_id_async(info.job_id, abort=False):
+            return False
+        await self.app.connector.execute_query_async(
+            "UPDATE criogen_runs SET status = 'failed', error_code = 'no_worker',"
+            " error_type = 'RunFailedError', error = %(error)s, finished_at = now()"
+            " WHERE id = %(id)s AND status = 'queued'",
+            id=run_id,
+            error=message,
         )
         return True
 

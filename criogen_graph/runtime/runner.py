@@ -565,6 +565,7 @@ async def _invoke(
         API_RUN.reset(api_run)
     values, interrupts = out.value, out.interrupts
     if stream is not None:
+        stream.final = (values, interrupts)
         requests = _approval_requests(interrupts)
         if requests:
             stream.emit(ApprovalNeededEvent(requests))

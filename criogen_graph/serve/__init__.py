@@ -34,6 +34,8 @@ def create_app(
     auth: Auth | None = None,
     cors: str | Sequence[str] | None = None,
     workers: str = "inline",
+    heartbeat: float = 15.0,
+    start_timeout: float = 30.0,
 ) -> Starlette:
     """An ASGI application serving `agents` (mount it in your Starlette or FastAPI app,
     or run it with uvicorn).
@@ -59,9 +61,18 @@ def create_app(
     servers and M workers on one database, a run continued by another worker when its
     worker dies, and no run left pending when the server that took it dies.
 
+    `heartbeat`: seconds between the heartbeat comments (`: heartbeat`) of a quiet SSE
+    stream (a tool running for minutes), so proxies and clients keep the connection.
+
+    `start_timeout` (with `workers="external"`): seconds a run may wait for a worker to
+    start it. A run still queued after that, with no worker alive on the storage in that
+    time, ends in error (its stream ends with an `error` event saying so, its status is
+    `error`) instead of hanging; so does a run whose server stopped before queueing it.
+
     Raises `ValidationError` for no agents, two agents with one name, agents on
     different storages without `storage=`, or `workers="external"` on a storage that
-    is not PostgreSQL; `TypeError` for a non-Agent.
+    is not PostgreSQL, or a `heartbeat` or `start_timeout` that is not a positive
+    number; `TypeError` for a non-Agent.
     """
     from criogen_graph.agent import Agent
     from criogen_graph.serve._app import build_app
@@ -102,6 +113,12 @@ def create_app(
             "(workers='inline')",
             code="invalid_value",
         )
+    for name, value in (("heartbeat", heartbeat), ("start_timeout", start_timeout)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ValidationError(
+                f"{name} must be a positive number of seconds, got {value!r}",
+                code="invalid_value",
+            )
     served = [a.with_storage(store) for a in listed]
     if isinstance(cors, str):
         cors = [cors]
@@ -112,4 +129,6 @@ def create_app(
         cors=list(cors or ()),
         owns_storage=owns,
         workers=workers == "external",
+        heartbeat=float(heartbeat),
+        start_timeout=float(start_timeout),
     )

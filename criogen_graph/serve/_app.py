@@ -47,6 +47,7 @@ from criogen_graph.serve._protocol import (
     state_json,
     storable,
     stream_modes,
+    with_message_ids,
 )
 from criogen_graph.serve._records import Records
 from criogen_graph.serve._runs import HEARTBEAT_SECS, Run, Runs, is_terminal
@@ -69,9 +70,23 @@ _CONFLICT_CODES = frozenset({"stale", "not_suspended", "nothing_to_retry"})
 _UNSUPPORTED_RUN_FIELDS = ("interrupt_before", "interrupt_after", "webhook", "after_seconds")
 
 
-#: Seconds a run record may wait for its job in the workers' queue before it is taken
-#: for lost (its server died between saving the record and queueing the job).
-_QUEUE_GRACE_SECS = 30.0
+#: Seconds a run may wait to be started by a worker (`start_timeout`): a run record
+#: with no job that long is taken for lost (its server died between saving the record
+#: and queueing the job), and a queued run that long with no worker alive in that time
+#: ends in error.
+START_TIMEOUT_SECS = 30.0
+
+
+def _why(code: str, message: str) -> dict[str, Any]:
+    """The data of the `error` event of a run the workers did not run."""
+    return {"error": "RunFailedError", "code": code, "message": message}
+
+
+async def _fail_unstarted(storage: Storage, run_id: str, within: float, message: str) -> bool:
+    from criogen_graph._background_pg import pg_queue
+
+    queue = await pg_queue(storage)
+    return await queue.fail_unstarted(run_id, idle_secs=within, message=message)
 
 
 def _age_secs(record: Mapping[str, Any]) -> float:
@@ -107,9 +122,19 @@ class _Server:
     """What every endpoint shares: the agents by name, the storage, the run registry."""
 
     def __init__(
-        self, agents: dict[str, Agent[Any]], storage: Storage, auth: Auth | None, workers: bool
+        self,
+        agents: dict[str, Agent[Any]],
+        storage: Storage,
+        auth: Auth | None,
+        workers: bool,
+        heartbeat: float = HEARTBEAT_SECS,
+        start_timeout: float = START_TIMEOUT_SECS,
     ) -> None:
         self.agents = agents
+        #: Seconds between heartbeat comments on a quiet SSE stream.
+        self.heartbeat = heartbeat
+        #: See `START_TIMEOUT_SECS`.
+        self.start_timeout = start_timeout
         self.storage = storage
         self.auth = auth
         #: Runs are queued for the background workers (PostgreSQL) instead of run here.
@@ -141,19 +166,39 @@ class _Server:
             return record
         from criogen_graph.background import get_run
 
-        info = await get_run(self.storage, str(record["run_id"]))
+        run_id = str(record["run_id"])
+        info = await get_run(self.storage, run_id)
+        why: dict[str, Any] | None = None
         if info is None:
-            if _age_secs(record) < _QUEUE_GRACE_SECS:
+            if _age_secs(record) < self.start_timeout:
                 return record
             status = "error"
+            why = _why(
+                "not_queued",
+                "the run was never queued for the workers (the server that took it "
+                "stopped first); send it again",
+            )
         elif info.status == "failed":
             status = "error"
+            why = _why(info.error_code or "run_failed", info.error or "the run failed")
         elif info.status == "cancelled":
             status = "interrupted"
         elif info.status == "succeeded":
             status = "success"
+        elif info.status == "queued" and _age_secs(record) >= self.start_timeout:
+            message = (
+                f"no worker started the run: no `criogen-graph worker` has been alive "
+                f"on this storage for {self.start_timeout:g} s; start one serving "
+                f"assistant {record.get('assistant_id')!r} and send the run again"
+            )
+            if not await _fail_unstarted(self.storage, run_id, self.start_timeout, message):
+                return record
+            status, why = "error", _why("no_worker", message)
         else:
             return record
+        if why is not None and self.runs.events is not None:
+            # Before the status: a follower that reads the end reads this event too.
+            await self.runs.events.fail(run_id, why)
         record = {**record, "status": status, "updated_at": now_iso()}
         await self.records.put_run(record)
         return record
@@ -207,7 +252,12 @@ class _Server:
         return record
 
     def thread_agent(self, record: Mapping[str, Any]) -> Agent[Any]:
-        agent = self.agents.get(str(record.get("assistant_id")))
+        name = record.get("assistant_id")
+        if name is None:
+            # Its first run may not have saved the thread's record yet (see `Run`).
+            runs = self.runs.of_thread(str(record["thread_id"]))
+            name = runs[-1].record["assistant_id"] if runs else None
+        agent = self.agents.get(str(name))
         return agent if agent is not None else next(iter(self.agents.values()))
 
     async def graph(self, agent: Agent[Any]) -> Any:
@@ -239,7 +289,7 @@ class _Server:
             "metadata": record.get("metadata") or {},
             "status": status,
             "config": {},
-            "values": dict(snap.values or {}),
+            "values": with_message_ids(snap.values or {}),
             "interrupts": {t.id: interrupts_json(t.interrupts) for t in snap.tasks if t.interrupts},
         }
 
@@ -643,8 +693,12 @@ async def _run_call(
     thread: Thread[Any],
     body: Mapping[str, Any],
     busy: bool,
+    *,
+    ask_pending: bool = True,
 ) -> _Action:
-    """The Thread call a run body asks for: a new message, an answer, or a retry."""
+    """The Thread call a run body asks for: a new message, an answer, or a retry.
+    `ask_pending=False`: a message to a thread waiting for approval is refused by the
+    thread itself when the run starts (it checks under its lock anyway), not here."""
     command = body.get("command")
     has_input = body.get("input") is not None
     if has_input and command is not None:
@@ -680,14 +734,16 @@ async def _run_call(
         return _resume_call(command["resume"], expected, interrupt_ids)
     if has_input:
         text, state = read_input(body["input"])
-        if not busy and await thread.pending_approvals():
-            raise BadRequest(
-                409,
-                f"thread {thread.id!r} waits for approval: answer it with "
-                "command={'resume': ...} first",
-            )
+        if not busy and ask_pending and await thread.pending_approvals():
+            raise BadRequest(409, _waits_for_approval(thread.id))
         return _Action("send", {"input": text, "state": state})
     return _Action("retry", {})
+
+
+def _waits_for_approval(thread_id: str) -> str:
+    return (
+        f"thread {thread_id!r} waits for approval: answer it with command={{'resume': ...}} first"
+    )
 
 
 async def _start_run(
@@ -723,7 +779,10 @@ async def _start_run(
             409, f"thread {thread_id!r} is already running a run (multitask_strategy='reject')"
         )
     thread = agent.thread(thread_id, actor=who)
-    action = await _run_call(server, record, thread, body, busy)
+    # A `wait` run in this process answers from its own end: a refusal of the thread
+    # (it waits for approval) comes back as the same 409, without a state read first.
+    here_waited = not followed and not server.workers
+    action = await _run_call(server, record, thread, body, busy, ask_pending=not here_waited)
     now = now_iso()
     run_record = {
         "run_id": str(uuid.uuid4()),
@@ -736,10 +795,21 @@ async def _start_run(
         "multitask_strategy": strategy,
         "kwargs": {"stream_mode": sorted(modes)},
     }
-    await server.records.put_run(run_record)
+    changed = None
     if record.get("assistant_id") != agent.name:
-        await server.records.touch_thread(thread_id, assistant_id=agent.name)
-        record = {**record, "assistant_id": agent.name}
+        # The thread's record as this request read it (its owner never changes).
+        record = changed = {**record, "assistant_id": agent.name, "updated_at": now}
+    saved = None
+    # A `wait`'s client learns the run's id from the answer only: its record need not
+    # be saved before the run starts. On PostgreSQL it is saved while the run runs (and
+    # before its end is), for the other server processes; on a storage of one process
+    # this process answers for it from memory, and saves it once, when it ends (on
+    # SQLite writers take turns on the file: the run's own writes would wait for it).
+    unsaved = here_waited and server.storage.scheme != "postgres"
+    if here_waited and not unsaved:
+        saved = asyncio.ensure_future(server.records.start_run(run_record, changed))
+    elif not unsaved:
+        await server.records.start_run(run_record, changed)
     options = {"on_disconnect": on_disconnect}
     if server.workers:
         await _queue_run(server, thread, action, run_record)
@@ -751,7 +821,20 @@ async def _start_run(
         snap = await server.snapshot(record)
         return dict(snap.values or {}), list(snap.interrupts or ())
 
-    run = server.runs.start(run_record, modes, action.call(thread), before, read_state)
+    run = server.runs.start(
+        run_record,
+        modes,
+        action.call(thread),
+        before,
+        read_state,
+        saved=saved,
+        unsaved=unsaved,
+        thread_change=changed if unsaved else None,
+        refusable=here_waited and action.name == "send" and not busy,
+        # Its client waits for its end: its events reach the other server processes
+        # then, all at once (the run does not share the database with their writes).
+        publish_at_end=here_waited,
+    )
     return run, run.record, options
 
 
@@ -824,7 +907,7 @@ async def stream_run(server: _Server, request: Request, who: str | None) -> Resp
     run, record, options = await _start_run(server, request, who)
     cancel = options["on_disconnect"] == "cancel"
     if run is not None:
-        events = run.follow(run.modes)
+        events = run.follow(run.modes, heartbeat=server.heartbeat)
     else:
         assert server.runs.events is not None
         modes = frozenset((record.get("kwargs") or {}).get("stream_mode") or ["values"])
@@ -840,6 +923,8 @@ async def _outcome(server: _Server, run: Run) -> Response:
     error = run.error
     if isinstance(error, asyncio.CancelledError):
         raise BadRequest(409, f"run {run.id} was cancelled")
+    if isinstance(error, ThreadSuspendedError) and run.refusable:
+        raise BadRequest(409, _waits_for_approval(run.thread_id))
     if isinstance(error, ValidationError | ThreadBusyError | ThreadSuspendedError):
         raise BadRequest(error_status(error), str(error))
     if error is not None:
@@ -880,11 +965,17 @@ async def list_runs(server: _Server, request: Request, who: str | None) -> Respo
     limit = _int(request.query_params.get("limit"), "limit", 10, high=1000)
     offset = _int(request.query_params.get("offset"), "offset", 0)
     status = request.query_params.get("status")
-    runs = [
-        r
-        for r in [await server.settled(r) for r in await server.records.runs(record["thread_id"])]
-        if status is None or r.get("status") == status
+    # The runs this process keeps are told as they are now (a saved record may not
+    # have their last status yet, or not be saved yet: see `Run`).
+    here = {r.id: r.record for r in server.runs.of_thread(record["thread_id"])}
+    stored = await server.records.runs(record["thread_id"])
+    records = [
+        here.pop(str(r["run_id"])) if str(r["run_id"]) in here else await server.settled(r)
+        for r in stored
     ]
+    records.extend(here.values())
+    records.sort(key=lambda r: str(r.get("created_at")), reverse=True)
+    runs = [r for r in records if status is None or r.get("status") == status]
     return _json(runs[offset : offset + limit])
 
 
@@ -943,13 +1034,17 @@ async def join_run(server: _Server, request: Request, who: str | None) -> Respon
 
 async def _remote_outcome(server: _Server, record: Mapping[str, Any]) -> Response:
     """What `wait` and `join` answer for a run another process executes, once it ended:
-    the thread's state then."""
+    the thread's state then, or the error it ended with (as for a run of this process)."""
     thread_id = str(record["thread_id"])
     if not is_terminal(record.get("status")):
-        await _ended_remotely(server, thread_id, str(record["run_id"]))
+        record = await _ended_remotely(server, thread_id, str(record["run_id"]))
+    if record.get("status") == "error" and server.runs.events is not None:
+        error = await server.runs.events.last_error(str(record["run_id"]))
+        if error is not None:
+            return _json({"__error__": error})
     thread = await server.owned(thread_id, None)
     snap = await server.snapshot(thread)
-    values = dict(snap.values or {})
+    values = with_message_ids(snap.values or {})
     if snap.interrupts:
         values["__interrupt__"] = interrupts_json(snap.interrupts)
     return _json(values)
@@ -975,7 +1070,7 @@ async def _remote_events(
         return is_terminal((await _record_now(server, thread_id, run_id)).get("status"))
 
     wanted = modes | {"metadata", "error"}
-    async for row in events.follow(run_id, after, ended, idle=HEARTBEAT_SECS):
+    async for row in events.follow(run_id, after, ended, idle=server.heartbeat):
         if row is None:
             # A tool may run for minutes without an event: proxies and clients drop
             # a silent connection.
@@ -1007,7 +1102,9 @@ async def join_stream(server: _Server, request: Request, who: str | None) -> Res
         )
     modes = stream_modes(asked) if asked else run.modes
     cancel = request.query_params.get("cancel_on_disconnect") in ("1", "true", "True")
-    events = _watched(server, run, run.record, run.follow(modes, int(last)), cancel)
+    events = _watched(
+        server, run, run.record, run.follow(modes, int(last), server.heartbeat), cancel
+    )
     return _sse_response(events, _run_headers(run.record, "stream"))
 
 
@@ -1063,9 +1160,11 @@ def build_app(
     cors: Sequence[str],
     owns_storage: bool,
     workers: bool = False,
+    heartbeat: float = HEARTBEAT_SECS,
+    start_timeout: float = START_TIMEOUT_SECS,
 ) -> Starlette:
     """The Starlette application serving `agents` on `storage` (see `create_app`)."""
-    server = _Server({a.name: a for a in agents}, storage, auth, workers)
+    server = _Server({a.name: a for a in agents}, storage, auth, workers, heartbeat, start_timeout)
     routes = [
         Route(path, _endpoint(server, handler, path in _PUBLIC), methods=methods)
         for path, handler, methods in _ROUTES

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -23,8 +24,11 @@ _TABLE = "criogen_serve_events"
 _EVENTS_CHANNEL = "criogen_serve_events"
 _CANCEL_CHANNEL = "criogen_serve_cancel"
 #: Seconds a follower waits for a NOTIFY before it reads the table anyway (a missed
-#: notification costs at most this much latency, never an event).
+#: notification costs at most this much latency, never an event); doubled while the run
+#: stays quiet, up to `_QUIET_POLL_SECS` (thousands of idle followers wake the server
+#: a few thousand times a second, not ten thousand).
 _POLL_SECS = 1.0
+_QUIET_POLL_SECS = 4.0
 _SETUP = f"""
 CREATE TABLE IF NOT EXISTS {_TABLE} (
     run_id text NOT NULL,
@@ -53,14 +57,19 @@ class PgEvents:
         self._listen_task: asyncio.Task[None] | None = None
         self._queue: asyncio.Queue[tuple[str, int, str, str, Any] | None] = asyncio.Queue()
         self._write_task: asyncio.Task[None] | None = None
-        self._waiters: dict[str, asyncio.Event] = {}
+        #: The followers of each run here, each woken by the run's notifications.
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        #: How many notifications each followed run has had: a poll's answer is shared
+        #: by the followers of the run until the next one (see `_shared`).
+        self._generation: dict[str, int] = {}
+        self._polls: dict[tuple[Any, ...], tuple[float, int, asyncio.Future[Any]]] = {}
 
     async def open(self, *, listen: bool = True) -> None:
         """Connect (and create the table once). `listen=False`: only to write events
         (a background worker executing a run)."""
         import psycopg
 
-        self._writer = await psycopg.AsyncConnection.connect(self.storage.url, autocommit=True)
+        self._writer = await self._connection(None, writer=True)
         async with self._writer.transaction():
             # Concurrent first starts: one creates the table, the others wait for it.
             await self._writer.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_TABLE,))
@@ -137,7 +146,7 @@ class PgEvents:
         try:
             if rows:
                 async with self._write_lock:
-                    self._writer = await self._connection(self._writer)
+                    self._writer = await self._connection(self._writer, writer=True)
                     await self._insert(rows)
         finally:
             # Whoever waits for a flush is let go even if the write failed (logged).
@@ -169,10 +178,66 @@ class PgEvents:
             row = await cur.fetchone()
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
+    async def last_error(self, run_id: str) -> Any:
+        """The data of the `error` event `run_id` ended with, or None."""
+        async with self._read_lock:
+            self._reader = await self._connection(self._reader)
+            cur = await self._reader.execute(
+                f"SELECT event, kind, data FROM {_TABLE} WHERE run_id = %s "
+                "ORDER BY seq DESC LIMIT 1",
+                (run_id,),
+            )
+            row = await cur.fetchone()
+        if row is None or row[0] != "error":
+            return None
+        raw = bytes(row[2])
+        serde = self.storage.serializer
+        return (
+            json.loads(raw)
+            if row[1] == "json" or serde is None
+            else serde.loads_typed((row[1], raw))
+        )
+
     async def forget(self, run_ids: list[str]) -> None:
         """Delete the events of these runs (their thread was deleted)."""
         await self.flushed()
         await self._shielded(f"DELETE FROM {_TABLE} WHERE run_id = ANY(%s)", (run_ids,))
+
+    async def fail(self, run_id: str, data: dict[str, Any]) -> None:
+        """End the events of `run_id` with an `error` event (unless its last one is
+        already an error): a run the workers never started has no events of its own,
+        and its followers, in every server process, must learn why it ended."""
+        await self.flushed()
+        kind, sealed = self._seal(data)
+
+        async def run() -> None:
+            async with self._write_lock:
+                self._writer = await self._connection(self._writer)
+                async with self._writer.transaction():
+                    cur = await self._writer.execute(
+                        f"SELECT seq, event FROM {_TABLE} WHERE run_id = %s "
+                        "ORDER BY seq DESC LIMIT 1",
+                        (run_id,),
+                    )
+                    last = await cur.fetchone()
+                    if last is not None and last[1] == "error":
+                        return
+                    # Two servers failing it at once: one row wins (same seq).
+                    await self._writer.execute(
+                        f"INSERT INTO {_TABLE} (run_id, seq, mode, event, kind, data) "
+                        "VALUES (%s, %s, 'error', 'error', %s, %s) ON CONFLICT DO NOTHING",
+                        (run_id, (last[0] if last else 0) + 1, kind, sealed),
+                    )
+                    await self._writer.execute(
+                        "SELECT pg_notify(%s, %s)", (_EVENTS_CHANNEL, run_id)
+                    )
+
+        await asyncio.shield(asyncio.ensure_future(run()))
+
+    async def notify(self, run_id: str) -> None:
+        """Tell the followers of `run_id`, in every server process, to read it again
+        (it has ended: its record says so, with no event after the last one)."""
+        await self._shielded("SELECT pg_notify(%s, %s)", (_EVENTS_CHANNEL, run_id))
 
     async def cancel(self, run_id: str) -> None:
         """Ask whichever server process runs `run_id` to cancel it."""
@@ -184,7 +249,7 @@ class PgEvents:
 
         async def run() -> None:
             async with self._write_lock:
-                self._writer = await self._connection(self._writer)
+                self._writer = await self._connection(self._writer, writer=True)
                 await self._writer.execute(statement, params)
 
         await asyncio.shield(asyncio.ensure_future(run()))
@@ -198,9 +263,11 @@ class PgEvents:
                     if note.channel == _CANCEL_CHANNEL:
                         self.on_cancel(note.payload)
                     else:
-                        waiter = self._waiters.get(note.payload)
-                        if waiter is not None:
-                            waiter.set()
+                        waiters = self._waiters.get(note.payload)
+                        if waiters:
+                            self._generation[note.payload] += 1
+                            for waiter in waiters:
+                                waiter.set()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -213,12 +280,20 @@ class PgEvents:
         does not cut the query: psycopg would close the shared connection)."""
         return await asyncio.shield(asyncio.ensure_future(self._rows(run_id, after)))
 
-    async def _connection(self, conn: Any) -> Any:
+    async def _connection(self, conn: Any, *, writer: bool = False) -> Any:
         if conn is not None and not conn.closed:
             return conn
         import psycopg
 
-        return await psycopg.AsyncConnection.connect(self.storage.url, autocommit=True)
+        conn = await psycopg.AsyncConnection.connect(self.storage.url, autocommit=True)
+        if writer:
+            # Its commits are seen by every session at once, and made durable by the
+            # next commit that waits for the disk: the run's next checkpoint, or its
+            # record saved as ended (which `Runs` saves after the events are flushed),
+            # so a run that ended never lost an event, and the run does not wait for
+            # the disk twice. (The log is written in order: that commit covers these.)
+            await conn.execute("SET synchronous_commit = off")
+        return conn
 
     async def _rows(self, run_id: str, after: int) -> list[tuple[int, str, str, Any]]:
         async with self._read_lock:
@@ -240,6 +315,27 @@ class PgEvents:
             out.append((int(seq), str(mode), str(event), value))
         return out
 
+    async def _shared(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        """`make()`, awaited, or the answer another follower of the run got for the same
+        `key` less than a poll ago with no notification since: a thousand idle
+        followers of one run cost the database a query a poll, not a thousand."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        generation = self._generation.get(key[0], 0)
+        hit = self._polls.get(key)
+        if hit is not None and hit[1] == generation and now - hit[0] < _POLL_SECS:
+            return await asyncio.shield(hit[2])
+        if len(self._polls) > 256:
+            self._polls = {k: v for k, v in self._polls.items() if now - v[0] < _POLL_SECS}
+        future = asyncio.ensure_future(make())
+        self._polls[key] = (now, generation, future)
+        try:
+            return await asyncio.shield(future)
+        except BaseException:
+            if self._polls.get(key, (0, 0, None))[2] is future:
+                del self._polls[key]
+            raise
+
     async def follow(
         self, run_id: str, after: int, ended: Callable[[], Any], idle: float | None = None
     ) -> AsyncIterator[tuple[int, str, str, Any] | None]:
@@ -248,22 +344,44 @@ class PgEvents:
         None after each `idle` seconds without one (for a heartbeat)."""
         loop = asyncio.get_running_loop()
         quiet_since = loop.time()
-        waiter = self._waiters.setdefault(run_id, asyncio.Event())
+        waiter = asyncio.Event()
+        self._waiters.setdefault(run_id, set()).add(waiter)
+        self._generation.setdefault(run_id, 0)
+        poll = _POLL_SECS
         try:
             while True:
                 waiter.clear()
-                over = bool(await ended())
-                for row in await self.rows(run_id, after):
+                over = bool(await self._shared((run_id, "ended"), ended))
+                rows = functools.partial(self.rows, run_id, after)
+                for row in await self._shared((run_id, "rows", after), rows):
                     after = row[0]
                     quiet_since = loop.time()
+                    poll = _POLL_SECS
                     yield row
                 if over:
                     return
-                if idle is not None and loop.time() - quiet_since >= idle:
-                    quiet_since = loop.time()
-                    yield None
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waiter.wait(), _POLL_SECS)
+                wait = poll
+                if idle is not None:
+                    if loop.time() - quiet_since >= idle:
+                        quiet_since = loop.time()
+                        yield None
+                    wait = min(wait, max(0.0, quiet_since + idle - loop.time()))
+                generation = self._generation.get(run_id)
+                # A timer rather than `wait_for` (a task per wait): it is the cost of
+                # every idle follower.
+                timer = loop.call_later(wait, waiter.set)
+                try:
+                    await waiter.wait()
+                finally:
+                    timer.cancel()
+                if self._generation.get(run_id) != generation:
+                    poll = _POLL_SECS  # a notification: the run is moving
+                elif wait >= poll:
+                    poll = min(poll * 2, _QUIET_POLL_SECS)
         finally:
-            if self._waiters.get(run_id) is waiter:
-                del self._waiters[run_id]
+            waiters = self._waiters.get(run_id)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._waiters[run_id]
+                    self._generation.pop(run_id, None)

@@ -23,6 +23,7 @@ __all__ = [
     "state_json",
     "storable",
     "stream_modes",
+    "with_message_ids",
 ]
 
 #: The stream modes a run may ask for; those we have nothing for stay silent.
@@ -248,6 +249,26 @@ def lc_message(message: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _unnamed_tool(message: Any) -> bool:
+    return isinstance(message, Mapping) and message.get("role") == "tool" and not message.get("id")
+
+
+def with_message_ids(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` with an id on each tool message that has none: the id its message
+    events carry (`lc_message`), so a client merging a stream's messages by id
+    (`useStream`) shows each once."""
+    messages = values.get("messages")
+    if not isinstance(messages, list) or not any(_unnamed_tool(m) for m in messages):
+        return dict(values)
+    return {
+        **values,
+        "messages": [
+            {**m, "id": f"tool-{m.get('tool_call_id')}"} if _unnamed_tool(m) else m
+            for m in messages
+        ],
+    }
+
+
 def interrupts_json(interrupts: Sequence[Any]) -> list[dict[str, Any]]:
     """LangGraph interrupts as the API writes them: `[{"value", "id"}]`."""
     return [{"value": getattr(i, "value", None), "id": getattr(i, "id", None)} for i in interrupts]
@@ -294,7 +315,7 @@ def state_json(snap: Any, thread_id: str) -> dict[str, Any]:
             "interrupts": [],
         }
     return {
-        "values": dict(snap.values or {}),
+        "values": with_message_ids(snap.values or {}),
         "next": list(snap.next or ()),
         "tasks": [_task_json(t, thread_id) for t in snap.tasks or ()],
         "checkpoint": _checkpoint(snap.config),

@@ -71,6 +71,21 @@ class Records:
             _runs_of(str(record["thread_id"])), record["run_id"], dict(record)
         )
 
+    async def delete_run(self, thread_id: str, run_id: str) -> None:
+        await (await self._store()).adelete(_runs_of(thread_id), run_id)
+
+    async def start_run(
+        self, record: Mapping[str, Any], thread: Mapping[str, Any] | None = None
+    ) -> None:
+        """Save a new run's record and, if given, its thread's changed record, in one
+        batch (one transaction on SQLite)."""
+        from langgraph.store.base import PutOp
+
+        ops = [PutOp(_runs_of(str(record["thread_id"])), str(record["run_id"]), dict(record))]
+        if thread is not None:
+            ops.append(PutOp(_THREADS, str(thread["thread_id"]), dict(thread)))
+        await (await self._store()).abatch(ops)
+
     async def runs(self, thread_id: str) -> list[dict[str, Any]]:
         items = await (await self._store()).asearch(_runs_of(thread_id), limit=_SEARCH_WINDOW)
         records = [dict(i.value) for i in items]

@@ -9,12 +9,19 @@ import contextlib
 import dataclasses
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from criogen_graph.errors import CriogenError
+from criogen_graph.errors import CriogenError, ThreadSuspendedError
 from criogen_graph.serve._events_pg import PgEvents
-from criogen_graph.serve._protocol import dumps, interrupts_json, lc_message, now_iso, sse
+from criogen_graph.serve._protocol import (
+    dumps,
+    interrupts_json,
+    lc_message,
+    now_iso,
+    sse,
+    with_message_ids,
+)
 from criogen_graph.serve._records import Records
 from criogen_graph.stream import (
     ApprovalNeededEvent,
@@ -75,6 +82,21 @@ class Run:
     offset: int = 0
     #: The `Reply` its Thread call ended with.
     reply: Any = None
+    #: Its record's first save, when it is made while the run runs (a `wait`, whose
+    #: client learns the run's id only from the answer): awaited before the end's.
+    saved: asyncio.Future[Any] | None = None
+    #: Not saved before it ends (a `wait` on a storage of one process, which answers
+    #: for it from memory until then): saved at its end, with this changed record of
+    #: its thread if there is one.
+    unsaved: bool = False
+    thread_change: dict[str, Any] | None = None
+    #: Its events go to the other server processes (PostgreSQL) when it ends, in one
+    #: batch, rather than as they come (a `wait`, whose client waits for the end).
+    publish_at_end: bool = False
+    #: Its Thread call may be refused because the thread waits for approval (the
+    #: request did not ask first): the refusal then leaves no run behind, as if the
+    #: request had been refused before the run was made.
+    refusable: bool = False
 
     @property
     def id(self) -> str:
@@ -96,9 +118,11 @@ class Run:
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
-    async def follow(self, modes: frozenset[str], after: int = 0) -> AsyncIterator[bytes]:
+    async def follow(
+        self, modes: frozenset[str], after: int = 0, heartbeat: float = HEARTBEAT_SECS
+    ) -> AsyncIterator[bytes]:
         """The run's events after id `after` in `modes`, as SSE, until it ends (with a
-        heartbeat comment while it is quiet)."""
+        heartbeat comment after each `heartbeat` seconds it is quiet)."""
         wanted = modes | _ALWAYS
         seen = after
         while True:
@@ -111,7 +135,7 @@ class Run:
             if self.done.is_set():
                 return
             try:
-                await asyncio.wait_for(wake.wait(), HEARTBEAT_SECS)
+                await asyncio.wait_for(wake.wait(), heartbeat)
             except TimeoutError:
                 yield b": heartbeat\n\n"
 
@@ -167,7 +191,8 @@ class _Emitter:
     def _message(self, message: Mapping[str, Any]) -> None:
         run = self.run
         self.messages.append(dict(message))
-        run.emit("values", "values", {**self.values, "messages": list(self.messages)})
+        values = {**self.values, "messages": list(self.messages)}
+        run.emit("values", "values", with_message_ids(values))
         role = message.get("role")
         if role == "user":
             return
@@ -184,8 +209,9 @@ class _Emitter:
             run.emit("messages-tuple", "messages", [lc, meta])
         run.emit("messages", "messages/complete", [lc])
 
-    def finish(self, values: dict[str, Any], interrupts: list[Any]) -> dict[str, Any]:
+    def finish(self, values: dict[str, Any], interrupts: Sequence[Any]) -> dict[str, Any]:
         final = dict(values)
+        final.update(with_message_ids(values))
         if interrupts:
             final["__interrupt__"] = interrupts_json(interrupts)
             self.run.emit("updates", "updates", {"__interrupt__": final["__interrupt__"]})
@@ -229,6 +255,10 @@ class Runs:
     def get(self, run_id: str) -> Run | None:
         return self._runs.get(run_id)
 
+    def of_thread(self, thread_id: str) -> list[Run]:
+        """The runs of this process on the thread that it still keeps, oldest first."""
+        return [r for r in list(self._runs.values()) if r.thread_id == thread_id]
+
     def busy(self, thread_id: str) -> bool:
         """A run of this process is queued or running on the thread."""
         return any(
@@ -242,9 +272,19 @@ class Runs:
         call: Callable[[], Stream[Any]],
         before: dict[str, Any],
         read_state: ReadState,
+        *,
+        saved: asyncio.Future[Any] | None = None,
+        unsaved: bool = False,
+        thread_change: dict[str, Any] | None = None,
+        refusable: bool = False,
+        publish_at_end: bool = False,
     ) -> Run:
-        """Queue `call` (a `Thread` stream call) as a run of its thread."""
-        run = self._new(record, modes, 0, 1)
+        """Queue `call` (a `Thread` stream call) as a run of its thread (`saved`,
+        `unsaved`, `thread_change`, `refusable`, `publish_at_end`: see `Run`)."""
+        run = self._new(record, modes, 0, 1, live=not publish_at_end)
+        run.publish_at_end = publish_at_end and self.events is not None
+        run.saved, run.refusable = saved, refusable
+        run.unsaved, run.thread_change = unsaved, thread_change
         run.task = asyncio.ensure_future(self._execute(run, call, before, read_state))
         return run
 
@@ -265,9 +305,17 @@ class Runs:
         await self._execute(run, call, before, read_state)
         return run
 
-    def _new(self, record: dict[str, Any], modes: frozenset[str], after: int, attempt: int) -> Run:
+    def _new(
+        self,
+        record: dict[str, Any],
+        modes: frozenset[str],
+        after: int,
+        attempt: int,
+        *,
+        live: bool = True,
+    ) -> Run:
         run = Run(record, modes, offset=after)
-        if self.events is not None:
+        if self.events is not None and live:
             run.publish = self.events.publish
         self._runs[run.id] = run
         self._forget_old()
@@ -297,7 +345,9 @@ class Runs:
                     async for event in stream:
                         emitter(event)
                     run.reply = await stream.reply()
-                values, interrupts = await read_state()
+                # The values the graph stopped with are those saved: no read back.
+                final = stream.final if stream is not None else None
+                values, interrupts = final if final is not None else await read_state()
                 run.values = emitter.finish(values, interrupts)
             await self._ended(run, "success")
         except asyncio.CancelledError as exc:
@@ -306,6 +356,9 @@ class Runs:
             raise
         except CriogenError as exc:
             run.error = exc
+            if run.refusable and isinstance(exc, ThreadSuspendedError):
+                await self._refused(run)
+                return
             run.emit("error", "error", {"error": type(exc).__name__, "message": str(exc)})
             await self._ended(run, "error")
         except Exception as exc:
@@ -326,15 +379,44 @@ class Runs:
     async def _ended(self, run: Run, status: str) -> None:
         """Save the run's end: its events first (a follower in another process stops
         when it reads an ended run, so every event must be there by then)."""
+        await self._first_saved(run)
+        if run.publish_at_end and self.events is not None:
+            for seq, mode, event, data in run.events:
+                value = data() if isinstance(data, _Partial) else data
+                self.events.publish(run.id, seq, mode, event, value)
         with contextlib.suppress(Exception):
             if self.events is not None:
                 await asyncio.shield(self.events.flushed())
         with contextlib.suppress(Exception):
             await asyncio.shield(self._set_status(run, status))
+            if self.events is not None:
+                await self.events.notify(run.id)
+
+    async def _first_saved(self, run: Run) -> None:
+        if run.saved is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(run.saved)
+
+    async def _refused(self, run: Run) -> None:
+        """The thread refused the run before it started: its record and events go."""
+        if self._runs.get(run.id) is run:
+            del self._runs[run.id]
+        if run.unsaved:
+            return
+        await self._first_saved(run)
+        with contextlib.suppress(Exception):
+            if self.events is not None:
+                await asyncio.shield(self.events.forget([run.id]))
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self.records.delete_run(run.thread_id, run.id))
 
     async def _set_status(self, run: Run, status: str) -> None:
         run.record.update(status=status, updated_at=now_iso())
-        await self.records.put_run(run.record)
+        if run.unsaved:
+            await self.records.start_run(run.record, run.thread_change)
+            run.unsaved = False
+        else:
+            await self.records.put_run(run.record)
 
     async def shutdown(self) -> None:
         """Cancel every run of this process and wait until each is saved."""

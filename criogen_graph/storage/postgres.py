@@ -113,6 +113,17 @@ _INSERT_AUDIT = (
 #: holds up no other.
 _SETUP_LOCK = "%s, hashtext(coalesce(current_schema(), ''))"
 _SETUP_CLASS = 0x63726967  # "crig"
+#: The `criogen_meta` key of the schema version the tables were last set up to.
+SCHEMA_KEY = "schema"
+
+
+def schema_version(migrations: int) -> bytes:
+    """The schema this version sets up: our statements and LangGraph's migration count
+    (a new LangGraph migration or a changed statement of ours sets the tables up again)."""
+    digest = hashlib.blake2b("\0".join(_SCHEMA).encode(), digest_size=8).hexdigest()
+    return f"criogen:{digest};langgraph:{migrations}".encode()
+
+
 #: How long opening a storage (or its first use of memory) may wait for the tables to be
 #: set up, another process's setup included, before `StorageError("setup_timeout")`.
 SETUP_WAIT_SECS = 120.0
@@ -158,6 +169,25 @@ def connection_lost(exc: BaseException, conn: Any = None) -> bool:
     if state is None:
         return conn is None and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
     return state.startswith("08") or state in _SESSION_ENDED
+
+
+async def check_pooled(conn: Any) -> None:
+    """A pool's `check` that costs no round trip while the connection looks fine: an idle
+    connection the server ended (a restart, `pg_terminate_backend`) is closed locally or
+    has the server's goodbye waiting on its socket; only then is it asked (psycopg_pool's
+    `check_connection`, which raises for a dead one, so the pool hands out another)."""
+    if conn.closed or conn.broken:
+        import psycopg
+
+        raise psycopg.OperationalError("the connection is closed")
+    try:
+        waiting = bool(select.select([conn.pgconn.socket], [], [], 0)[0])
+    except (OSError, ValueError):  # pragma: no cover - a closed socket
+        waiting = True
+    if waiting:
+        from psycopg_pool import AsyncConnectionPool
+
+        await AsyncConnectionPool.check_connection(conn)
 
 
 def statement_failed(exc: BaseException) -> StorageError:
@@ -684,6 +714,8 @@ class PostgresBackend(Backend):
         self._pool: Any = None
         self._lock_conn: Any = None
         self._lock_guard = asyncio.Lock()
+        #: The encryption claim, when opening read one (see `_read_meta`).
+        self._claim: bytes | None = None
         #: The connection each lock this process holds was taken on (the lock lives and
         #: dies with that session) and the lock's epoch (see `criogen_fence`).
         self._held: dict[str, tuple[Any, int]] = {}
@@ -718,8 +750,8 @@ class PostgresBackend(Backend):
                 code="missing_dependency",
             ) from exc
         # One dedicated connection holds this process's advisory locks; it also proves the
-        # server is reachable, with its own error message, before the pool starts.
-        self._lock_conn = await self._connect()
+        # server is reachable, with its own error message. It reads whether the tables
+        # are set up (one round trip) while the pool opens its first connection.
         pool = AsyncConnectionPool(
             self.url,
             min_size=1,
@@ -730,11 +762,21 @@ class PostgresBackend(Backend):
             max_lifetime=1800,
             kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
         )
+        opening = asyncio.ensure_future(pool.open(wait=True, timeout=self._connect_timeout))
         try:
-            await pool.open(wait=True, timeout=self._connect_timeout)
-        except Exception as exc:
+            self._lock_conn = await self._connect()
+            current = await self._read_meta(self._lock_conn)
+            await opening
+        except BaseException as exc:
+            opening.cancel()
+            with contextlib.suppress(BaseException):
+                await opening
             await pool.close()
-            await self._lock_conn.close()
+            if self._lock_conn is not None:
+                await self._lock_conn.close()
+                self._lock_conn = None
+            if isinstance(exc, StorageError) or not isinstance(exc, Exception):
+                raise
             raise self._unreachable(exc) from None
         self._pool = pool
         saver = _saver_class()(pool, serde=self._serde)
@@ -742,18 +784,25 @@ class PostgresBackend(Backend):
         saver.url = self.url
         saver.prefetched = {}
         saver.lost = {}
+        version = schema_version(len(saver.MIGRATIONS))
 
         async def migrate() -> None:
             await saver.setup()
             async with pool.connection() as conn:
                 for stmt in _SCHEMA:
                     await conn.execute(stmt)
+                await conn.execute(
+                    "INSERT INTO criogen_meta (key, value) VALUES (%s, %s) "
+                    "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                    (SCHEMA_KEY, version),
+                )
 
-        try:
-            await self._set_up("tables", migrate)
-        except BaseException:
-            await self.close()
-            raise
+        if not current:
+            try:
+                await self._set_up("tables", migrate)
+            except BaseException:
+                await self.close()
+                raise
         saver.fence = self._check_lock
         self.saver = saver
         self.try_lock = self._try_lock
@@ -768,6 +817,29 @@ class PostgresBackend(Backend):
             await self._set_up("memory and collections tables", store.setup)
             self.store = store
         return self.store
+
+    async def _read_meta(self, conn: Any) -> bool:
+        """Whether this database's tables are the ones this version sets up (then opening
+        checks nothing more, and takes no setup lock), read with the encryption claim
+        (kept for `claim_encryption`) in one statement."""
+        import psycopg
+
+        saver_class = _saver_class()
+        try:
+            cur = await conn.execute(
+                "SELECT key, value FROM criogen_meta WHERE key = ANY(%s)",
+                ([SCHEMA_KEY, ENCRYPTION_CLAIM],),
+                prepare=False,  # (preparing first would cost a round trip of its own)
+            )
+            rows = {r["key"]: bytes(r["value"]) for r in await cur.fetchall()}
+        except psycopg.errors.UndefinedTable:
+            return False  # a new database (autocommit: the session is fine)
+        except psycopg.Error as exc:
+            if connection_lost(exc, conn):
+                raise self._unreachable(exc) from None
+            raise statement_failed(exc) from exc
+        self._claim = rows.get(ENCRYPTION_CLAIM)
+        return rows.get(SCHEMA_KEY) == schema_version(len(saver_class.MIGRATIONS))
 
     async def _set_up(self, what: str, migrate: Callable[[], Awaitable[None]]) -> None:
         """Run `migrate` (creating or migrating tables) while no other process does, within
@@ -931,7 +1003,10 @@ class PostgresBackend(Backend):
                 readable = select.select([conn.pgconn.socket], [], [], 0)[0]
             except (OSError, ValueError):  # pragma: no cover - a closed socket
                 readable = [True]
-            if not readable:
+            if not readable or self._lock_guard.locked():
+                # (Locked: the session's runs share it, and what waits on the socket is
+                # likely the answer to another run's statement in flight; the fence
+                # decides, without a round trip more.)
                 return int(epoch)
             if await uncancelled(self._alive(conn)):
                 return int(epoch)  # only a notice: the session is alive
@@ -1124,9 +1199,11 @@ class PostgresBackend(Backend):
             cur = await conn.execute(f"SELECT {query} AS found")
             return bool((await cur.fetchone())["found"])
 
+        if self._claim is not None:  # read on opening (a claim, once recorded, never changes)
+            return self._claim
         async with self._connection() as conn:
             found = await read(conn, ENCRYPTION_CLAIM)
-            if found is not None:  # (a claim, once recorded, never changes)
+            if found is not None:
                 return found
             async with conn.transaction():
                 legacy = await read(conn, LEGACY_KEY_CHECK)

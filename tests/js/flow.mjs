@@ -1,13 +1,14 @@
 // The JavaScript client (@langchain/langgraph-sdk) through the flow tests/test_serve.py
-// runs from Python: node flow.mjs URL IDENTITY prints one JSON object of what it saw.
+// runs from Python: node flow.mjs URL IDENTITY [URL2] prints one JSON object of what it
+// saw. With URL2 (another server process on the same PostgreSQL) the approval is answered,
+// the stream rejoined and the run cancelled through it.
 import { Client } from "@langchain/langgraph-sdk";
 
-const [url, who] = process.argv.slice(2);
-const client = new Client({
-  apiUrl: url,
-  apiKey: null,
-  defaultHeaders: { Authorization: `Bearer ${who}` },
-});
+const [url, who, url2] = process.argv.slice(2);
+const connect = (apiUrl, identity) =>
+  new Client({ apiUrl, apiKey: null, defaultHeaders: { Authorization: `Bearer ${identity}` } });
+const client = connect(url, who);
+const second = connect(url2 || url, who);
 const REFUND = "Order A-1 arrived damaged. Please refund it.";
 const out = {};
 
@@ -41,12 +42,12 @@ out.asked_tool = request.tool;
 const state = await client.threads.getState(thread.thread_id);
 out.next = state.next;
 out.status_waiting = (await client.threads.get(thread.thread_id)).status;
-const done = await client.runs.wait(thread.thread_id, "support", {
+const done = await second.runs.wait(thread.thread_id, "support", {
   command: { resume: { [request.call_id]: { type: "approve" } } },
 });
 out.answer = done.messages[done.messages.length - 1].content;
 out.status_done = (await client.threads.get(thread.thread_id)).status;
-const history = await client.threads.getHistory(thread.thread_id, { limit: 50 });
+const history = await second.threads.getHistory(thread.thread_id, { limit: 50 });
 out.history_nexts = history.map((h) => h.next);
 
 // A background run followed, dropped after five pieces, and joined again.
@@ -61,7 +62,7 @@ for await (const part of client.runs.joinStream(chunky.thread_id, run.run_id)) {
   if (texts(first).length === 5) break;
 }
 const rest = await collect(
-  client.runs.joinStream(chunky.thread_id, run.run_id, {
+  second.runs.joinStream(chunky.thread_id, run.run_id, {
     lastEventId: first[first.length - 1].id,
   }),
 );
@@ -78,15 +79,11 @@ const long = await client.runs.create(slow.thread_id, "slow", {
 for await (const part of client.runs.joinStream(slow.thread_id, long.run_id)) {
   if (part.event === "custom" && part.data.type === "tool_call_started") break;
 }
-await client.runs.cancel(slow.thread_id, long.run_id, true);
+await second.runs.cancel(slow.thread_id, long.run_id, true);
 out.cancelled_status = (await client.runs.get(slow.thread_id, long.run_id)).status;
 
 // Another identity sees none of it.
-const other = new Client({
-  apiUrl: url,
-  apiKey: null,
-  defaultHeaders: { Authorization: `Bearer ${who}-other` },
-});
+const other = connect(url2 || url, `${who}-other`);
 try {
   await other.threads.get(thread.thread_id);
   out.other_status = 200;

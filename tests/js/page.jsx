@@ -6,6 +6,9 @@ import { createRoot } from "react-dom/client";
 import { useStream } from "@langchain/langgraph-sdk/react";
 
 const params = new URLSearchParams(window.location.search);
+// A server with --auth (tests.serve_agents:bearer) takes the identity as a token. One
+// object for the page's life: useStream makes a new client when its headers change.
+const headers = params.get("token") ? { Authorization: `Bearer ${params.get("token")}` } : undefined;
 
 function text(message) {
   const content = message.content;
@@ -59,6 +62,7 @@ function App() {
     messagesKey: "messages",
     threadId,
     onThreadId: setThreadId,
+    defaultHeaders: headers,
   });
   const send = (event) => {
     event.preventDefault();
