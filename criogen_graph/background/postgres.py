@@ -101,7 +101,7 @@ def _pool(**kwargs: Any) -> Any:
       replaced (`check_pooled`)."""
     from psycopg_pool import AsyncConnectionPool
 
-    from criogen_graph.adapters.storage.postgres import check_pooled
+    from criogen_graph.storage.postgres import check_pooled
 
     async def configure(conn: Any) -> None:
         await conn.set_autocommit(True)

@@ -83,7 +83,7 @@ def _why(code: str, message: str) -> dict[str, Any]:
 
 
 async def _fail_unstarted(storage: Storage, run_id: str, within: float, message: str) -> bool:
-    from criogen_graph._background_pg import pg_queue
+    from criogen_graph.background.postgres import pg_queue
 
     queue = await pg_queue(storage)
     return await queue.fail_unstarted(run_id, idle_secs=within, message=message)
