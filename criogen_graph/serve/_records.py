@@ -4,6 +4,7 @@ encrypted at rest like the rest and shared by every process on the storage)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Mapping
 from typing import Any
@@ -77,14 +78,16 @@ class Records:
     async def start_run(
         self, record: Mapping[str, Any], thread: Mapping[str, Any] | None = None
     ) -> None:
-        """Save a new run's record and, if given, its thread's changed record, in one
-        batch (one transaction on SQLite)."""
-        from langgraph.store.base import PutOp
-
-        ops = [PutOp(_runs_of(str(record["thread_id"])), str(record["run_id"]), dict(record))]
+        """Save a new run's record and, if given, its thread's changed record, together
+        (LangGraph's stores write the operations they are given in one tick in one
+        batch, with those of other requests: one transaction on SQLite)."""
+        store = await self._store()
+        saves = [
+            store.aput(_runs_of(str(record["thread_id"])), str(record["run_id"]), dict(record))
+        ]
         if thread is not None:
-            ops.append(PutOp(_THREADS, str(thread["thread_id"]), dict(thread)))
-        await (await self._store()).abatch(ops)
+            saves.append(store.aput(_THREADS, str(thread["thread_id"]), dict(thread)))
+        await asyncio.gather(*saves)
 
     async def runs(self, thread_id: str) -> list[dict[str, Any]]:
         items = await (await self._store()).asearch(_runs_of(thread_id), limit=_SEARCH_WINDOW)
