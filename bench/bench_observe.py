@@ -167,12 +167,12 @@ class Bypass:
         import importlib
         import pkgutil
 
-        import criogen_graph.nodes
-        from criogen_graph import _callbacks
+        import criogen_graph.graph
+        from criogen_graph.telemetry import callbacks as _callbacks
 
         self.patched: list[tuple[Any, str, Any]] = []
-        for info in pkgutil.iter_modules(criogen_graph.nodes.__path__):
-            module = importlib.import_module(f"criogen_graph.nodes.{info.name}")
+        for info in pkgutil.iter_modules(criogen_graph.graph.__path__):
+            module = importlib.import_module(f"criogen_graph.graph.{info.name}")
             for name in ("report_chat", "report_tool", "token_sink"):
                 if getattr(module, name, None) is getattr(_callbacks, name, False):
                     self.patched.append((module, name, getattr(module, name)))

@@ -96,7 +96,7 @@ sys.path.insert(0, {bench!r})
 import bench_open as b
 url, first = {url!r}, {first!r}
 fns = {{"ours": b.ours(url), "langgraph": b.langgraph(url)}}
-import criogen_graph.adapters.storage.postgres as _p
+import criogen_graph.storage.postgres as _p
 _p.import_once("psycopg", "psycopg_pool", "langgraph.checkpoint.postgres.aio")
 async def main():
     order = [first] + [n for n in fns if n != first]

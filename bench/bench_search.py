@@ -296,7 +296,7 @@ async def vector_run(
 
 async def explain(store: Any, tool: Any, dim: int) -> str:
     """The line of the collection's HNSW query plan that reads the vectors table."""
-    from criogen_graph import _vectors
+    from criogen_graph.memory import vectors as _vectors
 
     params = {"q": "[" + ",".join(["0.1"] * dim) + "]", "ns": ".".join(tool._ns), "limit": 5}
     async with store.conn.connection() as conn:

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from criogen_graph import Agent, FakeReply, FunctionModel, tool  # noqa: E402
-from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse  # noqa: E402
+from criogen_graph.models.base import Model, ModelRequest, ModelResponse  # noqa: E402
 
 PG_URL = os.environ.get("CRIOGEN_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 

@@ -6,8 +6,6 @@ The small `Agent` / `Thread` / `Reply` / `Hook` API; underneath, a real LangGrap
 
 from typing import TYPE_CHECKING
 
-from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
-from criogen_graph.adapters.telemetry import Telemetry
 from criogen_graph.agent import Agent, AgentTool
 from criogen_graph.approvals import Approval
 from criogen_graph.audit import read_audit
@@ -24,7 +22,7 @@ from criogen_graph.errors import (
     ToolExecutionError,
     ValidationError,
 )
-from criogen_graph.graph import AgentGraph
+from criogen_graph.graph.compiled import AgentGraph
 from criogen_graph.hooks import (
     Hook,
     HookAction,
@@ -47,26 +45,14 @@ from criogen_graph.messages import (
     Usage,
     UserMessage,
 )
+from criogen_graph.models.base import Model, ModelRequest, ModelResponse
 from criogen_graph.options import Limits, Retry
 from criogen_graph.redact import Redactor
 from criogen_graph.results import ApprovalRequest, Decision, PendingApprovals, Reply, RunResult
+from criogen_graph.telemetry import Telemetry
 from criogen_graph.tools import Tool, ToolContext, ToolSource, tool
 
 if TYPE_CHECKING:
-    from criogen_graph.adapters.mcp import McpServer, McpServerError, McpTool
-    from criogen_graph.adapters.models.anthropic import AnthropicModel, anthropic
-    from criogen_graph.adapters.models.fake import (
-        FakeModel,
-        FakeReply,
-        FunctionModel,
-        RecordingModel,
-    )
-    from criogen_graph.adapters.models.gemini import GeminiModel, gemini
-    from criogen_graph.adapters.models.openai import OpenAIModel, azure, openai, openrouter
-    from criogen_graph.adapters.models.openai_responses import (
-        OpenAIResponsesModel,
-        openai_responses,
-    )
     from criogen_graph.background import (
         RunFailedError,
         RunHandle,
@@ -77,9 +63,23 @@ if TYPE_CHECKING:
         get_run,
         list_runs,
     )
-    from criogen_graph.documents import CollectionTool
     from criogen_graph.env import load_env
+    from criogen_graph.mcp import McpServer, McpServerError, McpTool
     from criogen_graph.memory import Memory, MemoryView
+    from criogen_graph.memory.documents import CollectionTool
+    from criogen_graph.models.anthropic import AnthropicModel, anthropic
+    from criogen_graph.models.gemini import GeminiModel, gemini
+    from criogen_graph.models.openai import OpenAIModel, azure, openai, openrouter
+    from criogen_graph.models.openai_responses import (
+        OpenAIResponsesModel,
+        openai_responses,
+    )
+    from criogen_graph.models.testing import (
+        FakeModel,
+        FakeReply,
+        FunctionModel,
+        RecordingModel,
+    )
     from criogen_graph.storage import Storage
     from criogen_graph.stream import (
         ApprovalNeededEvent,
@@ -100,24 +100,24 @@ from criogen_graph._version import __version__
 # provider factories (httpx), MCP, storage and threads (LangGraph's savers), streams,
 # memory and documents.
 _LAZY = {
-    "openai": "criogen_graph.adapters.models.openai",
-    "openrouter": "criogen_graph.adapters.models.openai",
-    "azure": "criogen_graph.adapters.models.openai",
-    "OpenAIModel": "criogen_graph.adapters.models.openai",
-    "openai_responses": "criogen_graph.adapters.models.openai_responses",
-    "OpenAIResponsesModel": "criogen_graph.adapters.models.openai_responses",
-    "anthropic": "criogen_graph.adapters.models.anthropic",
-    "AnthropicModel": "criogen_graph.adapters.models.anthropic",
-    "gemini": "criogen_graph.adapters.models.gemini",
-    "GeminiModel": "criogen_graph.adapters.models.gemini",
-    "McpServer": "criogen_graph.adapters.mcp",
-    "McpServerError": "criogen_graph.adapters.mcp",
-    "McpTool": "criogen_graph.adapters.mcp",
-    "FakeModel": "criogen_graph.adapters.models.fake_model",
-    "FakeReply": "criogen_graph.adapters.models.fake_reply",
-    "FunctionModel": "criogen_graph.adapters.models.function_model",
-    "RecordingModel": "criogen_graph.adapters.models.recording_model",
-    "CollectionTool": "criogen_graph.documents",
+    "openai": "criogen_graph.models.openai",
+    "openrouter": "criogen_graph.models.openai",
+    "azure": "criogen_graph.models.openai",
+    "OpenAIModel": "criogen_graph.models.openai",
+    "openai_responses": "criogen_graph.models.openai_responses",
+    "OpenAIResponsesModel": "criogen_graph.models.openai_responses",
+    "anthropic": "criogen_graph.models.anthropic",
+    "AnthropicModel": "criogen_graph.models.anthropic",
+    "gemini": "criogen_graph.models.gemini",
+    "GeminiModel": "criogen_graph.models.gemini",
+    "McpServer": "criogen_graph.mcp",
+    "McpServerError": "criogen_graph.mcp",
+    "McpTool": "criogen_graph.mcp",
+    "FakeModel": "criogen_graph.models.testing.fake_model",
+    "FakeReply": "criogen_graph.models.testing.fake_reply",
+    "FunctionModel": "criogen_graph.models.testing.function_model",
+    "RecordingModel": "criogen_graph.models.testing.recording_model",
+    "CollectionTool": "criogen_graph.memory.documents",
     "load_env": "criogen_graph.env",
     "Memory": "criogen_graph.memory",
     "MemoryView": "criogen_graph.memory",

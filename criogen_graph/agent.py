@@ -8,19 +8,20 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, overload
 
-from criogen_graph._observe import run_redactor
-from criogen_graph._output import OutputSpec
-from criogen_graph._runner import Head, Start, check_state, run_once, user_message
-from criogen_graph.adapters.models import resolve_model
 from criogen_graph.approvals import Approval, compile_approvals
 from criogen_graph.errors import MODEL_ERROR_KINDS, LimitExceededError, ValidationError
+from criogen_graph.graph.spec import AgentSpec, add_tools
+from criogen_graph.graph.state import new_run
+from criogen_graph.graph.tools import ToolOutput
 from criogen_graph.hooks import compile_hooks
 from criogen_graph.middleware import Middleware, check_middleware
-from criogen_graph.nodes.spec import AgentSpec, add_tools
-from criogen_graph.nodes.state import new_run
-from criogen_graph.nodes.tools import ToolOutput
+from criogen_graph.models import resolve_model
 from criogen_graph.options import Limits, Retry
 from criogen_graph.results import RunResult
+from criogen_graph.runtime.inputs import send_input, user_message
+from criogen_graph.runtime.output import OutputSpec
+from criogen_graph.runtime.runner import Head, Start, run_once
+from criogen_graph.telemetry.observe import run_redactor
 from criogen_graph.tools import Tool, ToolContext, ToolError, ToolSource, check_tool_name
 
 if TYPE_CHECKING:
@@ -28,12 +29,12 @@ if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
     from langgraph.graph.state import CompiledStateGraph
 
-    from criogen_graph.adapters.models.base import Model
-    from criogen_graph.adapters.telemetry import Spans, Telemetry
     from criogen_graph.context import ContextPolicy
     from criogen_graph.memory import Memory, MemoryView
+    from criogen_graph.models.base import Model
     from criogen_graph.redact import Redactor
     from criogen_graph.storage import Storage
+    from criogen_graph.telemetry import Spans, Telemetry
     from criogen_graph.thread import Thread
 
 __all__ = ["Agent", "AgentOptions", "AgentTool"]
@@ -183,7 +184,7 @@ class Agent(Generic[Output]):
         """The compiled LangGraph graph (no checkpointer bound): nodes `model`,
         `approval`, `tools`. Draw it, step through it, or serve it in LangGraph Studio."""
         if self._graph is None:
-            from criogen_graph.graph import build_graph
+            from criogen_graph.graph.compiled import build_graph
 
             self._graph = build_graph(self._spec).compile(name=self.name)
         return self._graph
@@ -201,7 +202,7 @@ class Agent(Generic[Output]):
         if cached is not None and cached[1] is store:
             hit: CompiledStateGraph[Any, Any, Any, Any] = cached[0]
             return hit
-        from criogen_graph.graph import build_graph
+        from criogen_graph.graph.compiled import build_graph
 
         graph = build_graph(self._spec).compile(checkpointer=saver, store=store, name=self.name)
         self._thread_graphs[saver] = (graph, store)
@@ -214,7 +215,7 @@ class Agent(Generic[Output]):
         if cached is not None and cached[0] is store:
             hit: CompiledStateGraph[Any, Any, Any, Any] = cached[1]
             return hit
-        from criogen_graph.graph import build_graph
+        from criogen_graph.graph.compiled import build_graph
 
         graph = build_graph(self._spec).compile(store=store, name=self.name)
         self._memory_graph_cache = (store, graph)
@@ -308,10 +309,8 @@ class Agent(Generic[Output]):
         `ModelError`, `LimitExceededError`, `ToolExecutionError`, or `CancelledError`
         when the awaiting task is cancelled.
         """
-        user_message(input)  # a bad input fails before anything is observed
-        run_state = check_state(state)
-        if self._spec.memory is not None:
-            self._spec.memory.pool(run_state)  # no model call without the scope key
+        # A bad input fails before anything is observed (the same checks as a send).
+        _, run_state = send_input(self._spec, input, state)
         run_id = uuid.uuid4().hex
         spec = self._spec
 
@@ -439,7 +438,7 @@ def _check_context(context: object) -> Model | None:
 
 def _check_budget(spec: AgentSpec) -> None:
     """A budget that cannot hold the instructions and tool schemas is a mistake."""
-    from criogen_graph.nodes.context import chars_per_token, head_tokens
+    from criogen_graph.graph.context import chars_per_token, head_tokens
 
     policy = spec.context
     head = head_tokens(spec, chars_per_token(spec.models[0]))
@@ -515,8 +514,8 @@ def _add_memory_tools(memory: object, tool_map: dict[str, Tool]) -> None:
 
 def _check_observability(telemetry: object, redact: object) -> Spans | None:
     """Check `telemetry=` and `redact=`; the spans the agent reports into."""
-    from criogen_graph.adapters.telemetry import Spans, Telemetry
     from criogen_graph.redact import Redactor
+    from criogen_graph.telemetry import Spans, Telemetry
 
     if redact is not None and not isinstance(redact, Redactor):
         raise TypeError(f"redact must be a Redactor (e.g. Redactor.pii()), got {redact!r}")

@@ -18,11 +18,11 @@ or neither a store nor our checkpointer, keeps none.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from criogen_graph.adapters.storage.base import record, tool_call_details
 from criogen_graph.errors import ValidationError
 from criogen_graph.redact import Redactor
 
@@ -31,7 +31,49 @@ if TYPE_CHECKING:
 
     from criogen_graph.storage import Storage
 
-__all__ = ["AUDIT_NAMESPACE", "audit_namespace", "read_audit"]
+__all__ = ["AUDIT_NAMESPACE", "audit_namespace", "read_audit", "record", "tool_call_details"]
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def record(
+    action: str,
+    thread_id: str,
+    *,
+    run_id: str | None,
+    actor: str | None,
+    **details: Any,
+) -> dict[str, Any]:
+    """One audit record. `ts_ns` orders records made in the same millisecond."""
+    ns = now_ns()
+    return {
+        "ts_ms": ns // 1_000_000,
+        "ts_ns": ns,
+        "thread_id": thread_id,
+        "run_id": run_id,
+        "actor": actor,
+        "action": action,
+        "details": details,
+    }
+
+
+def tool_call_details(m: Mapping[str, Any]) -> dict[str, Any]:
+    """The details of a `tool_call` audit record, from the tool message that answers it:
+    the call, the tool that ran, its status, and the hooks or decision that changed it."""
+    details: dict[str, Any] = {
+        "call_id": m.get("tool_call_id"),
+        "tool": m.get("name"),
+        "status": m.get("status"),
+    }
+    if "tool" in m:
+        details["ran_as"] = m["tool"]
+    for key in ("changed_by", "decision", "error_kind"):
+        if key in m:
+            details[key] = m[key]
+    return details
+
 
 #: The first label of the store namespace audit records are kept under.
 AUDIT_NAMESPACE = "criogen_audit"
@@ -55,9 +97,9 @@ async def read_audit(
 
     Each record is `{"id", "ts_ms", "thread_id", "run_id", "actor", "action",
     "details"}`, as `Storage.audit` returns them (`id` is the store key for a store)."""
-    from criogen_graph.storage import Storage
+    from langgraph.store.base import BaseStore
 
-    if isinstance(source, Storage):
+    if not isinstance(source, BaseStore):
         return await source.audit(thread_id, limit=limit)
     namespace = audit_namespace(thread_id)
     items: list[Any] = []

@@ -3,7 +3,7 @@
 The stored transcript keeps every message; the model is sent a view of it: instructions,
 tool schemas, a summary of what is older (written by a model), and the newest messages
 verbatim. Old tool results are cleared first (cheap); a summary is written only when
-that is not enough. The work happens in the model node (`nodes.context`), so it applies
+that is not enough. The work happens in the model node (`graph.context`), so it applies
 to `agent.run`, threads, background runs and a graph driven by LangGraph itself.
 """
 
@@ -17,7 +17,7 @@ from criogen_graph.errors import ValidationError
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
 
-    from criogen_graph.adapters.models.base import Model
+    from criogen_graph.models.base import Model
 
 __all__ = ["ContextPolicy"]
 

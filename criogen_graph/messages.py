@@ -180,7 +180,7 @@ class ToolCallData(TypedDict):
     `args_error` says why the model's arguments could not be read (not JSON, not an
     object); the call is answered with it instead of running. `provider_id` is the
     provider's own id when the model node renamed a repeated one (see
-    `nodes.state.unique_call_ids`): that one goes back to the provider. `gemini_id` and
+    `graph.state.unique_call_ids`): that one goes back to the provider. `gemini_id` and
     `thought_signature` are what Gemini wants back with the call.
     """
 

@@ -45,9 +45,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, cast, get_args
 
-from criogen_graph.adapters.models.base import Model, ModelRequest, ModelResponse
 from criogen_graph.errors import CriogenError
 from criogen_graph.messages import AssistantMessage, ModelStopReason
+from criogen_graph.models.base import Model, ModelRequest, ModelResponse
 from criogen_graph.tools import Tool, ToolContext
 
 __all__ = [

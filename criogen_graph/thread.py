@@ -5,59 +5,42 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from langgraph.types import Command
 
-from criogen_graph._pins import Expected, Pin
-from criogen_graph._runner import (
-    ERROR,
-    INTERRUPT,
-    Head,
-    Prepare,
-    Start,
-    build_result,
-    check_state,
-    checkpoint_version,
-    run_on_thread,
-    user_message,
-)
-from criogen_graph.adapters.storage.base import SEGMENT, Segment, check_thread_id, record
+from criogen_graph.audit import record
 from criogen_graph.errors import (
     ThreadSuspendedError,
     ValidationError,
 )
-from criogen_graph.nodes.approval import APPROVAL_INTERRUPT, check_decisions, decision_details
-from criogen_graph.nodes.state import new_run, not_run_messages
-from criogen_graph.redact import effective
+from criogen_graph.graph.approval import APPROVAL_INTERRUPT, check_decisions, decision_details
+from criogen_graph.graph.state import new_run, not_run_messages
 from criogen_graph.results import ApprovalRequest, Decision, PendingApprovals, Reply
+from criogen_graph.runtime.history import history_entry
+from criogen_graph.runtime.inputs import check_actor, check_thread_id, send_input
+from criogen_graph.runtime.pins import Expected, Pin
+from criogen_graph.runtime.runner import (
+    Head,
+    Prepare,
+    Start,
+    build_result,
+    checkpoint_version,
+    open_graph,
+    run_on_thread,
+)
+from criogen_graph.runtime.segment import SEGMENT, Segment
 from criogen_graph.stream import MessageEvent, Stream
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
-    from langgraph.checkpoint.base import CheckpointTuple
 
     from criogen_graph.agent import Agent
-    from criogen_graph.background import RunHandle
+    from criogen_graph.background.runs import RunHandle
 
 __all__ = ["Thread"]
 
 Output = TypeVar("Output")
-
-
-def _unencodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-def _ms(ts: str | None) -> int | None:
-    if not ts:
-        return None
-    return int(datetime.fromisoformat(ts).timestamp() * 1000)
 
 
 class Thread(Generic[Output]):
@@ -78,12 +61,7 @@ class Thread(Generic[Output]):
     def __init__(self, agent: Agent[Output], thread_id: str, *, actor: str | None = None) -> None:
         # An id no backend can keep is refused here, before it reaches any lock or table.
         check_thread_id(thread_id)
-        if actor is not None and not isinstance(actor, str):
-            raise ValidationError("actor must be a str", code="invalid_type")
-        if actor is not None and ("\x00" in actor or _unencodable(actor)):
-            raise ValidationError(
-                "actor must not contain a NUL character or a lone surrogate", code="invalid_value"
-            )
+        check_actor(actor)
         self.agent = agent
         self.id = thread_id
         self.actor = actor
@@ -101,20 +79,13 @@ class Thread(Generic[Output]):
         `LimitExceededError`, `ToolExecutionError`, `CancelledError`); a failed or cancelled
         run is saved, and `retry()` continues it.
         """
-        spec = self.agent.spec
-        run_state = check_state(state)
-        if spec.memory is not None:
-            spec.memory.pool(run_state)  # no model call without the scope key
-        return await self._send(user_message(input, effective(spec.redact)), run_state, None)
+        user, run_state = send_input(self.agent.spec, input, state)
+        return await self._send(user, run_state, None)
 
     def stream(self, input: str, *, state: Mapping[str, Any] | None = None) -> Stream[Output]:
         """`send`, streaming its events: `async for event in stream`, then
         `await stream.reply()`. Cancel with `stream.cancel()` or by leaving the loop."""
-        spec = self.agent.spec
-        user = user_message(input, effective(spec.redact))
-        run_state = check_state(state)
-        if spec.memory is not None:
-            spec.memory.pool(run_state)
+        user, run_state = send_input(self.agent.spec, input, state)
         return Stream(lambda s: self._send(user, run_state, s))
 
     def stream_approve(self, *, expected: Expected | None = None) -> Stream[Output]:
@@ -162,16 +133,15 @@ class Thread(Generic[Output]):
         """Internal: `send`, with the run id chosen by the caller (a background job's
         id, by which a worker taking over finds whether the send was already applied).
         For the runtime's own modules; not a stable interface for users."""
-        user = user_message(input, effective(self.agent.spec.redact))
-        return await self._send(user, check_state(state), None, run_id)
+        user, run_state = send_input(self.agent.spec, input, state)
+        return await self._send(user, run_state, None, run_id)
 
     def stream_as(
         self, input: str, *, state: Mapping[str, Any] | None, run_id: str
     ) -> Stream[Output]:
         """Internal: `stream`, with the run id chosen by the caller (as `send_as`).
         For the runtime's own modules; not a stable interface for users."""
-        user = user_message(input, effective(self.agent.spec.redact))
-        run_state = check_state(state)
+        user, run_state = send_input(self.agent.spec, input, state)
         return Stream(lambda s: self._send(user, run_state, s, run_id))
 
     async def _send(
@@ -276,13 +246,13 @@ class Thread(Generic[Output]):
         worker` on PostgreSQL; a task of this process on memory:// and SQLite). Returns a
         `RunHandle` (`id`, `status()`, `reply()`, `cancel()`). The runs submitted to one
         thread run one at a time, in order."""
-        from criogen_graph.background import submit
+        from criogen_graph.background.runs import submit
 
         return await submit(self, "send", input=input, state=state)
 
     async def submit_approve(self, *, expected: Expected | None = None) -> RunHandle[Output]:
         """`approve` as a background run; a bare call pins what waits now."""
-        from criogen_graph.background import submit
+        from criogen_graph.background.runs import submit
 
         return await submit(self, "approve", expected=expected)
 
@@ -290,7 +260,7 @@ class Thread(Generic[Output]):
         self, message: str = "rejected", *, expected: Expected | None = None
     ) -> RunHandle[Output]:
         """`reject` as a background run."""
-        from criogen_graph.background import submit
+        from criogen_graph.background.runs import submit
 
         return await submit(self, "reject", message=message, expected=expected)
 
@@ -301,20 +271,20 @@ class Thread(Generic[Output]):
         expected: Expected | None = None,
     ) -> RunHandle[Output]:
         """`decide` as a background run."""
-        from criogen_graph.background import submit
+        from criogen_graph.background.runs import submit
 
         return await submit(self, "decide", decisions=decisions, expected=expected)
 
     async def submit_retry(self) -> RunHandle[Output]:
         """`retry` as a background run."""
-        from criogen_graph.background import submit
+        from criogen_graph.background.runs import submit
 
         return await submit(self, "retry")
 
     def run(self, run_id: str) -> RunHandle[Output]:
         """A handle on a background run submitted earlier (by any process sharing the
         storage), from its id."""
-        from criogen_graph.background import handle
+        from criogen_graph.background.runs import handle
 
         return handle(self, run_id)
 
@@ -342,7 +312,7 @@ class Thread(Generic[Output]):
             head.append(dict(spec.system_message))
         if spec.context is None:
             return head + stored
-        from criogen_graph.nodes.context import current_view
+        from criogen_graph.graph.context import current_view
 
         view = current_view(spec, spec.context, stored, snap.values.get("context"))
         return head + [dict(m) for m in view.messages]
@@ -503,11 +473,8 @@ class Thread(Generic[Output]):
         return result  # type: ignore[return-value]
 
     async def _graph(self) -> tuple[Any, RunnableConfig]:
-        storage = self.agent.storage
-        await storage.backend()
-        store = await storage.get_store() if self.agent.spec.memory is not None else None
-        graph = self.agent.thread_graph(storage, store)
-        return graph, {"configurable": {"thread_id": self.id}}
+        _, graph, cfg = await open_graph(self.agent, self.id)
+        return graph, cfg
 
     def _suspended_error(self) -> ThreadSuspendedError:
         return ThreadSuspendedError(
@@ -606,14 +573,6 @@ class Thread(Generic[Output]):
         return await run_on_thread(self.agent, self.id, self.actor, action, prepare, stream)
 
 
-def _error_type(error: Any) -> str:
-    """The type name of a saved task error (savers keep its repr: `Name("message")`),
-    not its message, which may well mention a cancellation."""
-    if isinstance(error, BaseException):
-        return type(error).__name__
-    return str(error).lstrip("'\"").split("(", 1)[0]
-
-
 def _finished_results(tasks: Any) -> dict[str, dict[str, Any]]:
     """The tool messages of the snapshot's tasks that finished, by call id."""
     finished: dict[str, dict[str, Any]] = {}
@@ -623,36 +582,3 @@ def _finished_results(tasks: Any) -> dict[str, dict[str, Any]]:
             if isinstance(m, Mapping) and m.get("role") == "tool":
                 finished[m["tool_call_id"]] = dict(m)
     return finished
-
-
-def history_entry(tup: CheckpointTuple) -> dict[str, Any]:
-    """One entry of `Thread.history()` for checkpoint `tup`: `{id, parent_id, version,
-    source, status, run_id, step, created_at_ms}`."""
-    meta = tup.metadata or {}
-    parent = tup.parent_config
-    return {
-        "id": tup.config["configurable"]["checkpoint_id"],
-        "parent_id": parent["configurable"]["checkpoint_id"] if parent else None,
-        "version": checkpoint_version(meta),
-        "source": meta.get("source"),
-        "status": _status(tup),
-        "run_id": meta.get("run_id"),
-        "step": meta.get("step"),
-        "created_at_ms": _ms(tup.checkpoint.get("ts")),
-    }
-
-
-def _status(tup: CheckpointTuple) -> str:
-    """A checkpoint's status in the history: suspended, pending, cancelled, failed or
-    completed."""
-    writes = tup.pending_writes or ()
-    errors = [w[2] for w in writes if w[1] == ERROR]
-    if any(w[1] == INTERRUPT for w in writes):
-        return "suspended"
-    if errors:
-        # A failing call cancels the other calls of its step: the failure is the story.
-        return "cancelled" if all("Cancelled" in _error_type(e) for e in errors) else "failed"
-    if (tup.metadata or {}).get("source") == "input":
-        return "pending"  # the values before an input: its run has not saved a step
-    run = tup.checkpoint["channel_values"].get("run") or {}
-    return "completed" if run.get("stop_reason") is not None else "pending"

@@ -337,7 +337,7 @@ async def test_a_pinned_answer_applied_before_a_takeover_is_not_applied_again(
 ) -> None:
     """What a worker taking a run over does (`resumed`): the answer the dead worker
     applied is found applied, whatever form its pin took, and its reply is returned."""
-    from criogen_graph import background
+    from criogen_graph.background import jobs
 
     ran: list[str] = []
 
@@ -363,10 +363,10 @@ async def test_a_pinned_answer_applied_before_a_takeover_is_not_applied_again(
         "list": list(asked.approvals),
         "pending": pending,
     }[pin]
-    payload = await background._payload(thread, "approve", expected=expected)
-    first = await background.execute(agent, payload, resumed=False)
+    payload = await jobs.make_payload(thread, "approve", expected=expected)
+    first = await jobs.execute(agent, payload, resumed=False)
     assert first.text == "Done." and ran == ["A-1"]
-    again = await background.execute(agent, payload, resumed=True)
+    again = await jobs.execute(agent, payload, resumed=True)
     assert again.text == "Done."
     assert ran == ["A-1"]
 

@@ -154,7 +154,7 @@ async def test_unknown_agent_fails_the_run_and_the_worker_goes_on(
 async def test_unreadable_payload_fails_the_job_and_the_worker_goes_on(
     storage: Storage, worker: Worker, workdir: Path
 ) -> None:
-    from criogen_graph._background_pg import QUEUE, TASK, pg_queue
+    from criogen_graph.background.postgres import QUEUE, TASK, pg_queue
 
     queue = await pg_queue(storage)
     await queue.app.configure_task(TASK, queue=QUEUE).defer_async(
@@ -380,7 +380,7 @@ async def test_a_cancel_around_each_status_write_leaves_the_record_matching_the_
     """The job's task is cancelled k = 0..5 loop iterations after its `write` status write
     began (an abort arriving then): the record ends final, `succeeded` exactly when the
     thread holds the run's answer, and the tool ran at most once."""
-    from criogen_graph import _background_pg as pg
+    from criogen_graph.background import postgres as pg
 
     start, finish, run_job = pg._start, pg._finish, pg._run_job
     targets: dict[str, int] = {}

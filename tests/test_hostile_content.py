@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from criogen_graph import CollectionTool, Memory, Storage, ValidationError
-from criogen_graph.documents import MAX_DOCUMENT_CHARS
 from criogen_graph.memory import MAX_FACT_CHARS
+from criogen_graph.memory.documents import MAX_DOCUMENT_CHARS
 from tests.conftest import storage_url
 
 

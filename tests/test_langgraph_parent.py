@@ -161,7 +161,7 @@ async def test_messages_from_the_parent_keep_their_ids_and_our_data() -> None:
     assert len(second) == 8
 
     # Read back through the agent, our message dicts are whole again.
-    from criogen_graph.nodes.state import as_langchain_message, normalize_message
+    from criogen_graph.graph.state import as_langchain_message, normalize_message
 
     plain = normalize_message(first[2])
     assert plain["role"] == "tool"

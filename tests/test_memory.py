@@ -116,6 +116,23 @@ async def test_missing_scope_key_fails_before_any_model_call(
     assert await agent.thread(thread_id).history() == []  # nothing saved
 
 
+async def test_every_send_path_checks_the_scope_key(storage: Storage, thread_id: str) -> None:
+    # One input check for every way a send starts: a background job's `send_as` and
+    # `stream_as`, and `submit`, refuse a run without the scope key as `send` does.
+    model = FakeModel(["never"])
+    agent = Agent(model, memory=Memory.by_state("user_id"), storage=storage)
+    thread = agent.thread(thread_id)
+    with pytest.raises(ValidationError) as info:
+        await thread.send_as("hi", state={"tenant": "x"}, run_id="job-1")
+    assert info.value.code == "missing"
+    with pytest.raises(ValidationError):
+        thread.stream_as("hi", state=None, run_id="job-2")
+    with pytest.raises(ValidationError):
+        await thread.submit("hi")
+    assert model.calls == []
+    assert await thread.history() == []
+
+
 async def test_shared_memory_and_recall_ranking(storage: Storage, thread_id: str) -> None:
     memory = Memory.shared(f"team-{thread_id}", recall=2)
     model = Seen("ok", "ok")

@@ -18,7 +18,7 @@ import criogen_graph
 from criogen_graph import Agent, FakeModel, FakeReply, tool
 from criogen_graph import messages as m
 from criogen_graph.errors import MODEL_ERROR_KINDS, TRANSIENT_KINDS, CriogenError
-from criogen_graph.nodes.state import RAN_STATUSES, new_run, not_run_messages
+from criogen_graph.graph.state import RAN_STATUSES, new_run, not_run_messages
 from criogen_graph.results import DECISION_TYPES, USAGE_KEYS, empty_usage
 
 PACKAGE = Path(criogen_graph.__file__).resolve().parent

@@ -24,13 +24,13 @@ from criogen_graph import (
     ToolContext,
     tool,
 )
-from criogen_graph.adapters.models.base import ModelResponse
 from criogen_graph.middleware import (
     Middleware,
     ModelCall,
     ModelHandler,
     model_middleware,
 )
+from criogen_graph.models.base import ModelResponse
 
 FAST = Retry(max_attempts=3, initial_backoff_secs=0, jitter=False)
 

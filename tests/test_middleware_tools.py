@@ -30,6 +30,7 @@ from criogen_graph import (
     ValidationError,
     tool,
 )
+from criogen_graph.graph.tools import ToolsNode
 from criogen_graph.middleware import (
     Middleware,
     ModelCall,
@@ -39,7 +40,6 @@ from criogen_graph.middleware import (
     model_middleware,
     tool_middleware,
 )
-from criogen_graph.nodes.tools import ToolsNode
 from tests.conftest import storage_url
 
 #: Event-loop iterations after the tool's return at which a cancellation lands.

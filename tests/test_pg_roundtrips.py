@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 
 from criogen_graph import Agent, FakeReply, FunctionModel, Storage, tool
-from criogen_graph.adapters.storage import base as storage_base
+from criogen_graph.storage import base as storage_base
 from tests.conftest import PG_URL, require_postgres
 from tests.pg_proxy import PgProxy
 

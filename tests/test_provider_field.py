@@ -529,8 +529,8 @@ async def test_http_errors(srv: ReplayServer, fixture: str, kind: str, attempts:
 
 
 def test_a_transcript_without_a_user_turn_still_starts_with_one() -> None:
-    from criogen_graph.adapters.models.anthropic import to_anthropic_messages
-    from criogen_graph.adapters.models.gemini import to_gemini_contents
+    from criogen_graph.models.anthropic import to_anthropic_messages
+    from criogen_graph.models.gemini import to_gemini_contents
 
     only_system = [{"role": "system", "content": "Be brief."}]
     model_first = [*only_system, {"role": "assistant", "content": "Hello."}]

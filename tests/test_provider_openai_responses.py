@@ -28,7 +28,7 @@ from criogen_graph import (
     openai,
     tool,
 )
-from criogen_graph.adapters.models.openai_responses import (
+from criogen_graph.models.openai_responses import (
     OpenAIResponsesModel,
     openai_responses,
     strict_schema,

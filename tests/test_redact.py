@@ -28,7 +28,7 @@ from criogen_graph import (
     ValidationError,
     tool,
 )
-from criogen_graph.nodes.events import RedactedText
+from criogen_graph.graph.events import RedactedText
 from tests.servers.otlp_receiver import OtlpReceiver
 
 PII = Redactor.pii()

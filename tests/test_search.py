@@ -279,7 +279,7 @@ async def test_memory_search_matches_word_forms(backend: str, tmp_path: Path) ->
     ("option", "level"), [("", 1), ("?synchronous=normal", 1), ("?synchronous=FULL", 2)]
 )
 async def test_sqlite_synchronous_option(tmp_path: Path, option: str, level: int) -> None:
-    from criogen_graph.adapters.storage.sqlite import SqliteBackend
+    from criogen_graph.storage.sqlite import SqliteBackend
 
     storage = Storage(f"sqlite:///{tmp_path}/d.db{option}")
     await storage.open()

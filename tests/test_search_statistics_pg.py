@@ -13,7 +13,8 @@ import psycopg
 import pytest
 from langgraph.store.base import PutOp
 
-from criogen_graph import CollectionTool, Storage, _fts
+from criogen_graph import CollectionTool, Storage
+from criogen_graph.memory import fts as _fts
 
 
 def modified_since_analyze(url: str, schema: str) -> int:

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from criogen_graph import Agent, FakeModel, Limits, Memory, Retry, ValidationError, tool
-from criogen_graph.adapters.models.anthropic import anthropic, to_anthropic_messages
-from criogen_graph.adapters.models.gemini import gemini, to_gemini_contents
-from criogen_graph.adapters.models.openai import OpenAIModel, azure, openai
-from criogen_graph.adapters.models.openai_responses import openai_responses
 from criogen_graph.messages import Message
+from criogen_graph.models.anthropic import anthropic, to_anthropic_messages
+from criogen_graph.models.gemini import gemini, to_gemini_contents
+from criogen_graph.models.openai import OpenAIModel, azure, openai
+from criogen_graph.models.openai_responses import openai_responses
 from criogen_graph.tools import Tool, ToolSource
 
 

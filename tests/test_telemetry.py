@@ -359,7 +359,7 @@ def test_our_encoding_is_the_message_the_sdk_encoder_would_send() -> None:
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-    from criogen_graph._otlp import Encoder
+    from criogen_graph.telemetry.otlp import Encoder
 
     resource = Resource.create({"service.name": "svc", "deployment.environment": "test"})
     sampled = TraceFlags(TraceFlags.SAMPLED)

@@ -26,7 +26,7 @@ from langchain_core.outputs import ChatGenerationChunk, LLMResult
 from langchain_core.tracers.context import register_configure_hook
 
 from criogen_graph import Agent, FakeModel, FakeReply, ModelError, Redactor, TextEvent, tool
-from criogen_graph.adapters.models.base import ModelRequest, ModelResponse
+from criogen_graph.models.base import ModelRequest, ModelResponse
 
 SECRET = "jane.doe@example.com"
 ROOT = Path(__file__).resolve().parent.parent

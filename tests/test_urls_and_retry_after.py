@@ -33,7 +33,7 @@ from criogen_graph._retry_after import (
     retry_after_from_headers,
 )
 from criogen_graph._urls import mask_url
-from criogen_graph.adapters.models.langchain import classify_exception
+from criogen_graph.models.langchain import classify_exception
 from tests.servers import openai_server as oa
 from tests.servers.otlp_receiver import OtlpReceiver
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from criogen_graph import CollectionTool, Memory, Storage, ValidationError
-from criogen_graph._search import rank_vectors
+from criogen_graph.memory.search import rank_vectors
 from tests.conftest import PG_URL, python_children, require_pgvector, wait_until
 
 #: The URL `rows` reads by default: the current test's schema (see `pg_url`).
@@ -170,7 +170,7 @@ async def test_memory_recall_by_meaning_in_the_database(pg_url: str, minilm: Any
 
 
 async def test_collections_sharing_the_table_stay_apart(pg_url: str) -> None:
-    from criogen_graph import _vectors
+    from criogen_graph.memory import vectors as _vectors
 
     rng = random.Random(4)
     dim = 8
@@ -198,7 +198,7 @@ async def test_collections_sharing_the_table_stay_apart(pg_url: str) -> None:
 
 
 async def test_big_collections_query_the_hnsw_index(pg_url: str) -> None:
-    from criogen_graph import _vectors
+    from criogen_graph.memory import vectors as _vectors
 
     rng = random.Random(5)
     vectors = {f"d{i}": unit(rng, 16) for i in range(_vectors.EXACT_MAX + 200)}

@@ -438,7 +438,7 @@ def _chat_model(args: argparse.Namespace, agents_model: Model | None) -> Any:
     if model == "fake":
         return echo_model()
     if isinstance(model, str):
-        from criogen_graph.adapters.models import PROVIDER_KEYS, parse_model_string
+        from criogen_graph.models import PROVIDER_KEYS, parse_model_string
 
         missing = [v for v in PROVIDER_KEYS[parse_model_string(model)[0]] if not os.environ.get(v)]
         if missing:

@@ -125,8 +125,8 @@ def load_agent(spec: str) -> Agent[Any]:
 
 def bare_agent(storage: Storage) -> Agent[Any]:
     """An agent that only reads the threads of `storage` (its model is never called)."""
-    from criogen_graph.adapters.models.fake import FunctionModel
     from criogen_graph.agent import Agent
+    from criogen_graph.models.testing import FunctionModel
 
     def never(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
         raise CliError("this command reads threads; it runs no model")
@@ -136,7 +136,7 @@ def bare_agent(storage: Storage) -> Agent[Any]:
 
 def _fake_reply(i: int, entry: Any) -> Any:
     """Reply `i` of a FakeModel script: a string, or an object (see `script_model`)."""
-    from criogen_graph.adapters.models.fake import FakeReply
+    from criogen_graph.models.testing import FakeReply
 
     if isinstance(entry, str):
         return entry
@@ -161,7 +161,7 @@ def script_model(path: Path) -> Any:
     replies (a string is a final answer; an object has `text`, `tool_calls` (`[{"name",
     "args", "id"?}]`), `chunks`, `delay` (seconds) or `error` (a `ModelError` kind)).
     Raises `ValueError` naming what is wrong with the file."""
-    from criogen_graph.adapters.models.fake import FakeModel
+    from criogen_graph.models.testing import FakeModel
 
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -178,7 +178,7 @@ def script_model(path: Path) -> Any:
 
 def echo_model() -> Any:
     """The `fake` model: it answers with what the user said."""
-    from criogen_graph.adapters.models.fake import FunctionModel
+    from criogen_graph.models.testing import FunctionModel
 
     def echo(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
         said = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), "")
@@ -207,7 +207,7 @@ def model_choice(value: str) -> Any:
             f"{value!r} is not a model: use provider:model (e.g. openai:gpt-5-mini), 'fake', "
             "or the path of a FakeModel script (.json)"
         )
-    from criogen_graph.adapters.models import parse_model_string
+    from criogen_graph.models import parse_model_string
 
     try:
         parse_model_string(value)
@@ -262,7 +262,7 @@ def threads_storage(option: str | None, agent: Agent[Any] | None) -> Storage:
         return agent.storage
     storage = Storage(url)
     if storage.scheme == "sqlite":
-        from criogen_graph.adapters.storage.sqlite import parse_sqlite_url
+        from criogen_graph.storage.sqlite import parse_sqlite_url
 
         path = parse_sqlite_url(storage.url)
         if path != ":memory:" and not Path(path).exists():

@@ -26,7 +26,6 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from criogen_graph._version import __version__
-from criogen_graph.adapters.storage.base import check_thread_id
 from criogen_graph.agent import Agent
 from criogen_graph.errors import (
     CriogenError,
@@ -35,6 +34,7 @@ from criogen_graph.errors import (
     ThreadSuspendedError,
     ValidationError,
 )
+from criogen_graph.runtime.inputs import check_thread_id
 from criogen_graph.serve._events_pg import PgEvents
 from criogen_graph.serve._openapi import openapi
 from criogen_graph.serve._protocol import (
@@ -84,7 +84,7 @@ def _why(code: str, message: str) -> dict[str, Any]:
 
 
 async def _fail_unstarted(storage: Storage, run_id: str, within: float, message: str) -> bool:
-    from criogen_graph._background_pg import pg_queue
+    from criogen_graph.background.postgres import pg_queue
 
     queue = await pg_queue(storage)
     return await queue.fail_unstarted(run_id, idle_secs=within, message=message)

@@ -138,7 +138,7 @@ async def test_a_setup_wait_past_its_bound_is_a_storage_error(
     """Another session holds the setup lock and never lets go (a process stuck in its
     migrations): opening the storage, or its first use of memory, ends in
     `StorageError(code="setup_timeout")` within the bound, and works once it is free."""
-    from criogen_graph.adapters.storage import postgres
+    from criogen_graph.storage import postgres
 
     monkeypatch.setattr(postgres, "SETUP_WAIT_SECS", 1.0, raising=False)
     storage = Storage(pg_schema_url)

@@ -120,7 +120,7 @@ async def test_a_write_of_the_previous_holder_in_flight_makes_the_thread_busy() 
     committed) answers busy at once and keeps nothing; once the write is done, the lock
     is taken."""
     require_postgres()
-    from criogen_graph.adapters.storage.postgres import lock_key, write_key
+    from criogen_graph.storage.postgres import lock_key, write_key
 
     thread_id = f"in-flight-{uuid.uuid4().hex[:8]}"
     storage = Storage(PG_URL)

@@ -251,7 +251,7 @@ async def test_a_statement_error_is_never_taken_for_a_lost_connection(pg_schema_
             codes[poisoned] = info.value.code
         assert backend._lock_conn is lock_session and not lock_session.closed
         # The poisoned threads' session locks were given back: another session takes them.
-        from criogen_graph.adapters.storage.postgres import lock_key
+        from criogen_graph.storage.postgres import lock_key
 
         with psycopg.connect(pg_schema_url, autocommit=True) as conn:
             for poisoned in ("poison-lock", "poison-write"):

@@ -233,7 +233,7 @@ def test_in_process_locks_across_threads_under_timeouts_and_cancellation() -> No
     lock is handed to it, and nothing is left held or queued."""
     import random
 
-    from criogen_graph.adapters.storage.locks import LocalLocks
+    from criogen_graph.storage.locks import LocalLocks
 
     locks = LocalLocks()
     inside = 0

@@ -7,8 +7,8 @@ from typing import reveal_type
 from pydantic import BaseModel
 
 from criogen_graph import Agent, FakeModel, FakeReply, Hook, HookContext, ToolError, tool
-from criogen_graph.adapters.models.base import ModelResponse
 from criogen_graph.middleware import ModelCall, ModelHandler, model_middleware
+from criogen_graph.models.base import ModelResponse
 
 
 @tool
