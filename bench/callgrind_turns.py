@@ -73,16 +73,18 @@ def child(scenarios: list[str], runs: int, warmup: int, tmp: str) -> None:
 
         return run
 
+    def runner(agent: Any) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            result = await agent.run("go")
+            assert result.text == "done" and result.tool_calls == 1
+
+        return run
+
     async def go() -> None:
         for scenario in scenarios:
             storage = None
             if scenario == "agent.run":
-                agent = our_agent_async_tool()
-
-                async def run() -> None:
-                    result = await agent.run("go")
-                    assert result.text == "done" and result.tool_calls == 1
-
+                run = runner(our_agent_async_tool())
             elif scenario.endswith(" memory"):
                 storage = Storage("memory://")
                 await storage.open()
@@ -196,7 +198,7 @@ def main() -> None:
             results = [job.result() for job in jobs]
     print()
     head = f"{'scenario':16s}"
-    for i, tree in enumerate(trees):
+    for i in range(len(trees)):
         head += f" {'tree' + str(i) + ' M/turn (seg1, seg2)':>28s}"
     if len(trees) == 2:
         head += f" {'after/before':>13s}"
