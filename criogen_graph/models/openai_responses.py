@@ -412,76 +412,23 @@ class OpenAIResponsesModel(OpenAIHttpModel):
         return ModelResponse(message, _usage(data.get("usage")), stop)
 
     def _read_output(self, output: list[Any]) -> tuple[AssistantMessage, bool]:
-        # The text of the message items by phase ("" for none): a final answer is the
-        # reply's text, a commentary preamble beside it is kept apart.
-        said: dict[str, list[str]] = {"": [], "commentary": [], "final_answer": []}
-        refusal: list[str] = []
-        calls: list[ToolCallData] = []
-        reasoning: list[ReasoningItem] = []
-        # What could not be read: the reply is unreadable when nothing else is there.
-        problems: list[str] = []
+        reader = _OutputReader(self)
         for item in output:
             if not isinstance(item, Mapping):
                 raise self._unreadable(f"an output item is not an object: {item!r:.200}")
-            kind = item.get("type")
-            if not isinstance(kind, str):
-                problems.append(f"an output item without a type: {json.dumps(item)[:200]}")
-            elif kind == "message":
-                phase = item.get("phase")
-                text = said[phase if phase in _PHASES else ""]
-                parts = item.get("content")
-                if not isinstance(parts, list):
-                    problems.append(f"a message whose content is not a list: {parts!r:.200}")
-                    continue
-                for part in parts:
-                    ptype = part.get("type") if isinstance(part, Mapping) else None
-                    if ptype == "output_text" and isinstance(part.get("text"), str):
-                        text.append(part["text"])
-                    elif ptype == "refusal" and isinstance(part.get("refusal"), str):
-                        refusal.append(part["refusal"])
-                    else:
-                        problems.append(f"a content part this adapter cannot read: {part!r:.200}")
-            elif kind == "function_call":
-                name = item.get("name")
-                if not isinstance(name, str) or not name:
-                    raise self._unreadable(f"a function_call without a name: {item!r:.200}")
-                call_id = str(item.get("call_id") or item.get("id") or "call_" + uuid.uuid4().hex)
-                calls.append(tool_call(call_id, name, item.get("arguments")))
-            elif kind == "reasoning" and isinstance(item.get("id"), str):
-                kept: ReasoningItem = {"id": item["id"], "summary": _parts(item, "summary")}
-                if isinstance(item.get("encrypted_content"), str):
-                    kept["encrypted_content"] = item["encrypted_content"]
-                thought = _parts(item, "content", "reasoning_text")
-                if thought:
-                    kept["content"] = thought
-                reasoning.append(kept)
-            # Other item types (hosted tools we never offer) carry nothing for us.
-        message: AssistantMessage = {"role": "assistant", "content": ""}
-        if said["final_answer"]:
-            message["content"] = "".join(said["final_answer"] + said[""])
-            message["phase"] = "final_answer"
-            if said["commentary"]:
-                message["commentary"] = "".join(said["commentary"])
-        elif said["commentary"]:
-            message["content"] = "".join(said["commentary"] + said[""])
-            message["phase"] = "commentary"
-        else:
-            message["content"] = "".join(said[""])
-        if problems and not (message["content"] or refusal or calls or reasoning):
-            raise self._unreadable(problems[0])
-        if refusal and not message["content"]:
-            message["content"] = "".join(refusal)
-        if calls:
-            message["tool_calls"] = calls
-        if reasoning:
-            message[REASONING_ITEMS] = reasoning
-            # Each item's summary, or its reasoning text when it comes without one.
-            reasoning_text = "\n\n".join(
-                s for r in reasoning for s in (r["summary"] or r.get("content") or ())
-            )
-            if reasoning_text:
-                message["reasoning"] = reasoning_text
-        return message, bool(refusal)
+            reader.add(item)
+        message = reader.message()
+        if reader.problems and not (
+            message["content"] or reader.refusal or reader.calls or reader.reasoning
+        ):
+            raise self._unreadable(reader.problems[0])
+        if reader.refusal and not message["content"]:
+            message["content"] = "".join(reader.refusal)
+        if reader.calls:
+            message["tool_calls"] = reader.calls
+        if reader.reasoning:
+            _keep_reasoning(message, reader.reasoning)
+        return message, bool(reader.refusal)
 
     async def _stream(self, request: ModelRequest) -> ModelResponse:
         sink = request.on_text
@@ -564,6 +511,92 @@ class OpenAIResponsesModel(OpenAIHttpModel):
                 )
         # Every answer ends with response.completed (or incomplete / failed).
         raise self._error("connection", "the stream ended before the answer was finished")
+
+
+class _OutputReader:
+    """The parts of a reply, read item by item from a response's `output`."""
+
+    def __init__(self, model: OpenAIResponsesModel) -> None:
+        self.model = model
+        # The text of the message items by phase ("" for none): a final answer is the
+        # reply's text, a commentary preamble beside it is kept apart.
+        self.said: dict[str, list[str]] = {"": [], "commentary": [], "final_answer": []}
+        self.refusal: list[str] = []
+        self.calls: list[ToolCallData] = []
+        self.reasoning: list[ReasoningItem] = []
+        # What could not be read: the reply is unreadable when nothing else is there.
+        self.problems: list[str] = []
+
+    def add(self, item: Mapping[str, Any]) -> None:
+        kind = item.get("type")
+        if not isinstance(kind, str):
+            self.problems.append(f"an output item without a type: {json.dumps(item)[:200]}")
+        elif kind == "message":
+            self._message(item)
+        elif kind == "function_call":
+            self._function_call(item)
+        elif kind == "reasoning" and isinstance(item.get("id"), str):
+            self._reasoning(item)
+        # Other item types (hosted tools we never offer) carry nothing for us.
+
+    def _message(self, item: Mapping[str, Any]) -> None:
+        phase = item.get("phase")
+        text = self.said[phase if phase in _PHASES else ""]
+        parts = item.get("content")
+        if not isinstance(parts, list):
+            self.problems.append(f"a message whose content is not a list: {parts!r:.200}")
+            return
+        for part in parts:
+            ptype = part.get("type") if isinstance(part, Mapping) else None
+            if ptype == "output_text" and isinstance(part.get("text"), str):
+                text.append(part["text"])
+            elif ptype == "refusal" and isinstance(part.get("refusal"), str):
+                self.refusal.append(part["refusal"])
+            else:
+                self.problems.append(f"a content part this adapter cannot read: {part!r:.200}")
+
+    def _function_call(self, item: Mapping[str, Any]) -> None:
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise self.model._unreadable(f"a function_call without a name: {item!r:.200}")
+        call_id = str(item.get("call_id") or item.get("id") or "call_" + uuid.uuid4().hex)
+        self.calls.append(tool_call(call_id, name, item.get("arguments")))
+
+    def _reasoning(self, item: Mapping[str, Any]) -> None:
+        kept: ReasoningItem = {"id": item["id"], "summary": _parts(item, "summary")}
+        if isinstance(item.get("encrypted_content"), str):
+            kept["encrypted_content"] = item["encrypted_content"]
+        thought = _parts(item, "content", "reasoning_text")
+        if thought:
+            kept["content"] = thought
+        self.reasoning.append(kept)
+
+    def message(self) -> AssistantMessage:
+        """The message with the text of the phase that answers (refusal, calls and
+        reasoning not yet in it)."""
+        said = self.said
+        message: AssistantMessage = {"role": "assistant", "content": ""}
+        if said["final_answer"]:
+            message["content"] = "".join(said["final_answer"] + said[""])
+            message["phase"] = "final_answer"
+            if said["commentary"]:
+                message["commentary"] = "".join(said["commentary"])
+        elif said["commentary"]:
+            message["content"] = "".join(said["commentary"] + said[""])
+            message["phase"] = "commentary"
+        else:
+            message["content"] = "".join(said[""])
+        return message
+
+
+def _keep_reasoning(message: AssistantMessage, reasoning: list[ReasoningItem]) -> None:
+    message[REASONING_ITEMS] = reasoning
+    # Each item's summary, or its reasoning text when it comes without one.
+    reasoning_text = "\n\n".join(
+        s for r in reasoning for s in (r["summary"] or r.get("content") or ())
+    )
+    if reasoning_text:
+        message["reasoning"] = reasoning_text
 
 
 def openai_responses(
