@@ -26,7 +26,7 @@ from criogen_graph.messages import (
     ToolCallData,
     Usage,
 )
-from criogen_graph.models.base import ModelRequest, ModelResponse, wire_call_id
+from criogen_graph.models.base import ModelRequest, ModelResponse, TextSink, wire_call_id
 from criogen_graph.models.http import HttpOptions, tool_call
 from criogen_graph.models.openai_common import (
     OpenAIConnection,
@@ -431,86 +431,112 @@ class OpenAIResponsesModel(OpenAIHttpModel):
         return message, bool(reader.refusal)
 
     async def _stream(self, request: ModelRequest) -> ModelResponse:
-        sink = request.on_text
-        thinking = request.on_reasoning
-        last_part: tuple[Any, ...] | None = None
-        text: list[str] = []
-        done: dict[int, dict[str, Any]] = {}
-        # A commentary preamble is the reply's text unless a final answer follows it in
-        # the same reply: its pieces wait until that is known, so that the streamed text
-        # is the saved text.
-        phases: dict[object, object] = {}
-        held: list[str] | None = None
-
-        def release() -> None:
-            nonlocal held
-            if held and sink is not None:
-                for piece in held:
-                    sink(piece)
-            held = None
-
+        state = _ResponsesStream(request.on_text, request.on_reasoning)
         async for name, event in self._events(_PATH, self.body(request, stream=True)):
             if not isinstance(event, Mapping):
                 raise self._unreadable(f"a stream event is not an object: {event!r:.200}")
             kind = event.get("type") or name
-            if kind == "response.output_text.delta":
-                piece = event.get("delta")
-                if isinstance(piece, str) and piece:
-                    text.append(piece)
-                    if phases.get(event.get("output_index")) == "commentary":
-                        held = held if held is not None else []
-                        held.append(piece)
-                    elif sink is not None:
-                        sink(piece)
-            elif kind == "response.output_item.added":
-                item = event.get("item")
-                phase = item.get("phase") if isinstance(item, Mapping) else None
-                phases[event.get("output_index")] = phase
-                if phase == "final_answer":
-                    held = None  # kept as the reply's `commentary`, not its text
-                elif phase != "commentary":
-                    release()
-            elif kind in (
-                "response.reasoning_summary_text.delta",
-                "response.reasoning_text.delta",
-            ):
-                piece = event.get("delta")
-                if isinstance(piece, str) and piece and thinking is not None:
-                    part = (
-                        kind,
-                        event.get("output_index"),
-                        event.get("summary_index", event.get("content_index")),
-                    )
-                    if last_part is not None and part != last_part:
-                        # The streamed pieces join to the message's `reasoning`.
-                        thinking("\n\n")
-                    last_part = part
-                    thinking(piece)
-            elif kind == "response.output_item.done":
-                item = event.get("item")
-                if isinstance(item, dict):
-                    index = event.get("output_index")
-                    done[index if isinstance(index, int) else len(done)] = item
-            elif kind in ("response.completed", "response.incomplete", "response.failed"):
-                final = event.get("response")
-                if kind == "response.failed" and not isinstance(final, Mapping):
-                    raise self._failed(None)
-                response = self._finish(final, [done[i] for i in sorted(done)])
-                if response.message.get("phase") != "final_answer":
-                    release()
-                if text and not response.message["content"]:
-                    # A server that streams the text but lists no items for it.
-                    response.message["content"] = "".join(text)
-                return response
-            elif kind == "error":
+            if kind in ("response.completed", "response.incomplete", "response.failed"):
+                return self._stream_end(kind, event, state)
+            if kind == "error":
                 inner = event.get("error")
                 raise self._failed(
                     inner
                     if isinstance(inner, Mapping)
                     else {k: v for k, v in event.items() if k != "type"}
                 )
+            state.on_event(kind, event)
         # Every answer ends with response.completed (or incomplete / failed).
         raise self._error("connection", "the stream ended before the answer was finished")
+
+    def _stream_end(
+        self, kind: Any, event: Mapping[str, Any], state: _ResponsesStream
+    ) -> ModelResponse:
+        """The reply of a stream's last event, with the held-back commentary sent."""
+        final = event.get("response")
+        if kind == "response.failed" and not isinstance(final, Mapping):
+            raise self._failed(None)
+        response = self._finish(final, [state.done[i] for i in sorted(state.done)])
+        if response.message.get("phase") != "final_answer":
+            state.release()
+        if state.text and not response.message["content"]:
+            # A server that streams the text but lists no items for it.
+            response.message["content"] = "".join(state.text)
+        return response
+
+
+class _ResponsesStream:
+    """One streamed Responses answer before its last event: the streamed text, the
+    finished items by index, and the commentary text held back from the sink."""
+
+    def __init__(self, sink: TextSink | None, thinking: TextSink | None) -> None:
+        self.sink = sink
+        self.thinking = thinking
+        self.last_part: tuple[Any, ...] | None = None
+        self.text: list[str] = []
+        self.done: dict[int, dict[str, Any]] = {}
+        # A commentary preamble is the reply's text unless a final answer follows it in
+        # the same reply: its pieces wait until that is known, so that the streamed text
+        # is the saved text.
+        self.phases: dict[object, object] = {}
+        self.held: list[str] | None = None
+
+    def release(self) -> None:
+        if self.held and self.sink is not None:
+            for piece in self.held:
+                self.sink(piece)
+        self.held = None
+
+    def on_event(self, kind: Any, event: Mapping[str, Any]) -> None:
+        if kind == "response.output_text.delta":
+            self._text_delta(event)
+        elif kind == "response.output_item.added":
+            self._item_added(event)
+        elif kind in (
+            "response.reasoning_summary_text.delta",
+            "response.reasoning_text.delta",
+        ):
+            self._reasoning_delta(kind, event)
+        elif kind == "response.output_item.done":
+            item = event.get("item")
+            if isinstance(item, dict):
+                index = event.get("output_index")
+                self.done[index if isinstance(index, int) else len(self.done)] = item
+
+    def _text_delta(self, event: Mapping[str, Any]) -> None:
+        piece = event.get("delta")
+        if not isinstance(piece, str) or not piece:
+            return
+        self.text.append(piece)
+        if self.phases.get(event.get("output_index")) == "commentary":
+            self.held = self.held if self.held is not None else []
+            self.held.append(piece)
+        elif self.sink is not None:
+            self.sink(piece)
+
+    def _item_added(self, event: Mapping[str, Any]) -> None:
+        item = event.get("item")
+        phase = item.get("phase") if isinstance(item, Mapping) else None
+        self.phases[event.get("output_index")] = phase
+        if phase == "final_answer":
+            self.held = None  # kept as the reply's `commentary`, not its text
+        elif phase != "commentary":
+            self.release()
+
+    def _reasoning_delta(self, kind: Any, event: Mapping[str, Any]) -> None:
+        piece = event.get("delta")
+        if not isinstance(piece, str) or not piece or self.thinking is None:
+            return
+        part = (
+            kind,
+            event.get("output_index"),
+            event.get("summary_index", event.get("content_index")),
+        )
+        if self.last_part is not None and part != self.last_part:
+            # The streamed pieces join to the message's `reasoning`.
+            self.thinking("\n\n")
+        self.last_part = part
+        self.thinking(piece)
 
 
 class _OutputReader:
