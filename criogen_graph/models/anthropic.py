@@ -381,18 +381,7 @@ class AnthropicModel(HttpModel):
     async def _stream_once(
         self, body: dict[str, Any], sink: TextSink | None, thinking: TextSink | None
     ) -> _Turn:
-        texts: list[str] = []
-        # the text of each text block by index (a paused turn goes back block by block)
-        text_blocks: dict[int, list[str]] = {}
-        # tool_use blocks by index, with the JSON text of their input so far
-        tools: dict[int, tuple[dict[str, Any], list[str]]] = {}
-        # thinking and server-tool blocks by index, filled in by their deltas
-        thoughts: dict[int, dict[str, Any]] = {}
-        # the JSON text of a server tool call's input, by index
-        server_input: dict[int, list[str]] = {}
-        usage: dict[str, Any] = {}
-        stop: Any = None
-        started = finished = False
+        state = _StreamState(self, sink, thinking)
         async for name, event in self._events(_PATH, body):
             if not isinstance(event, dict):
                 raise self._unreadable(f"a stream event is not an object: {str(event)[:200]}")
@@ -400,101 +389,142 @@ class AnthropicModel(HttpModel):
             if kind == "error":
                 raise self._stream_error(event.get("error"))
             try:
-                if kind == "content_block_delta":
-                    delta = event.get("delta") or {}
-                    dtype = delta.get("type")
-                    index = int(event.get("index", -1))
-                    if dtype == "text_delta" and delta.get("text"):
-                        if not isinstance(delta["text"], str):
-                            raise ValueError("a text_delta whose text is not a string")
-                        texts.append(delta["text"])
-                        text_blocks.setdefault(index, []).append(delta["text"])
-                        if sink is not None:
-                            sink(delta["text"])
-                    elif dtype == "input_json_delta":
-                        slot = tools.get(index)
-                        if slot is not None:
-                            slot[1].append(delta.get("partial_json") or "")
-                        elif index in server_input:
-                            server_input[index].append(str(delta.get("partial_json") or ""))
-                    elif dtype == "thinking_delta" and index in thoughts:
-                        piece = str(delta.get("thinking") or "")
-                        thoughts[index]["thinking"] += piece
-                        if piece and thinking is not None:
-                            thinking(piece)
-                    elif dtype == "signature_delta" and index in thoughts:
-                        thoughts[index]["signature"] += str(delta.get("signature") or "")
-                elif kind == "content_block_start":
-                    block: Any = event.get("content_block")
-                    btype = _checked(block)
-                    index = int(event.get("index", len(tools) + len(thoughts)))
-                    if btype == "tool_use":
-                        _call(block, None)  # a block without a name is not a call
-                        tools[index] = (block, [])
-                    elif btype == "text":
-                        text_blocks.setdefault(index, [])
-                        if block.get("text"):
-                            texts.append(block["text"])
-                            text_blocks[index].append(block["text"])
-                            if sink is not None:
-                                sink(block["text"])
-                    elif btype == "thinking":
-                        thoughts[index] = {
-                            "type": "thinking",
-                            "thinking": str(block.get("thinking") or ""),
-                            "signature": str(block.get("signature") or ""),
-                        }
-                    elif btype == "redacted_thinking":
-                        thoughts[index] = dict(block)
-                    elif _server_block(btype):
-                        thoughts[index] = dict(block)
-                        if "input" in block:
-                            server_input[index] = []
-                    else:
-                        raise self._unknown_block(block)
-                elif kind == "message_start":
-                    started = True
-                    usage.update((event.get("message") or {}).get("usage") or {})
-                elif kind == "message_delta":
-                    stop = (event.get("delta") or {}).get("stop_reason") or stop
-                    # Its counts are cumulative; fields it leaves out keep message_start's.
-                    given = event.get("usage") or {}
-                    usage.update({k: v for k, v in given.items() if v is not None})
-                elif kind == "message_stop":
-                    finished = True
+                state.on_event(kind, event)
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
                 raise self._unreadable(
                     f"{type(exc).__name__}: {exc}: {json.dumps(event)[:200]}"
                 ) from exc
-        if not finished:
+        if not state.finished:
             raise self._error("connection", "the stream ended before message_stop")
-        if not started:
+        if not state.started:
             raise self._unreadable("the stream has no message_start event")
+        return state.turn()
+
+
+class _StreamState:
+    """One streamed response being put together, event by event: the blocks by their
+    index, the usage so far and the stop reason."""
+
+    def __init__(
+        self, model: AnthropicModel, sink: TextSink | None, thinking: TextSink | None
+    ) -> None:
+        self.model = model
+        self.sink = sink
+        self.thinking = thinking
+        self.texts: list[str] = []
+        # the text of each text block by index (a paused turn goes back block by block)
+        self.text_blocks: dict[int, list[str]] = {}
+        # tool_use blocks by index, with the JSON text of their input so far
+        self.tools: dict[int, tuple[dict[str, Any], list[str]]] = {}
+        # thinking and server-tool blocks by index, filled in by their deltas
+        self.thoughts: dict[int, dict[str, Any]] = {}
+        # the JSON text of a server tool call's input, by index
+        self.server_input: dict[int, list[str]] = {}
+        self.usage: dict[str, Any] = {}
+        self.stop: Any = None
+        self.started = False
+        self.finished = False
+
+    def on_event(self, kind: Any, event: dict[str, Any]) -> None:
+        if kind == "content_block_delta":
+            self._delta(event)
+        elif kind == "content_block_start":
+            self._start(event)
+        elif kind == "message_start":
+            self.started = True
+            self.usage.update((event.get("message") or {}).get("usage") or {})
+        elif kind == "message_delta":
+            self.stop = (event.get("delta") or {}).get("stop_reason") or self.stop
+            # Its counts are cumulative; fields it leaves out keep message_start's.
+            given = event.get("usage") or {}
+            self.usage.update({k: v for k, v in given.items() if v is not None})
+        elif kind == "message_stop":
+            self.finished = True
+
+    def _text(self, index: int, text: str) -> None:
+        self.texts.append(text)
+        self.text_blocks.setdefault(index, []).append(text)
+        if self.sink is not None:
+            self.sink(text)
+
+    def _delta(self, event: dict[str, Any]) -> None:
+        delta = event.get("delta") or {}
+        dtype = delta.get("type")
+        index = int(event.get("index", -1))
+        if dtype == "text_delta" and delta.get("text"):
+            if not isinstance(delta["text"], str):
+                raise ValueError("a text_delta whose text is not a string")
+            self._text(index, delta["text"])
+        elif dtype == "input_json_delta":
+            self._input_json(index, delta)
+        elif dtype == "thinking_delta" and index in self.thoughts:
+            self._thought(index, str(delta.get("thinking") or ""))
+        elif dtype == "signature_delta" and index in self.thoughts:
+            self.thoughts[index]["signature"] += str(delta.get("signature") or "")
+
+    def _input_json(self, index: int, delta: dict[str, Any]) -> None:
+        slot = self.tools.get(index)
+        if slot is not None:
+            slot[1].append(delta.get("partial_json") or "")
+        elif index in self.server_input:
+            self.server_input[index].append(str(delta.get("partial_json") or ""))
+
+    def _thought(self, index: int, piece: str) -> None:
+        self.thoughts[index]["thinking"] += piece
+        if piece and self.thinking is not None:
+            self.thinking(piece)
+
+    def _start(self, event: dict[str, Any]) -> None:
+        block: Any = event.get("content_block")
+        btype = _checked(block)
+        index = int(event.get("index", len(self.tools) + len(self.thoughts)))
+        if btype == "tool_use":
+            _call(block, None)  # a block without a name is not a call
+            self.tools[index] = (block, [])
+        elif btype == "text":
+            self.text_blocks.setdefault(index, [])
+            if block.get("text"):
+                self._text(index, block["text"])
+        elif btype == "thinking":
+            self.thoughts[index] = {
+                "type": "thinking",
+                "thinking": str(block.get("thinking") or ""),
+                "signature": str(block.get("signature") or ""),
+            }
+        elif btype == "redacted_thinking" or _server_block(btype):
+            self.thoughts[index] = dict(block)
+            if btype != "redacted_thinking" and "input" in block:
+                self.server_input[index] = []
+        else:
+            raise self.model._unknown_block(block)
+
+    def turn(self) -> _Turn:
+        """The finished response: calls with their whole input, blocks in stream order."""
         calls = [
             _call(block, "".join(parts) if parts else block.get("input"))
-            for _, (block, parts) in sorted(tools.items())
+            for _, (block, parts) in sorted(self.tools.items())
         ]
-        for index, parts in server_input.items():
+        for index, parts in self.server_input.items():
             if "".join(parts).strip():
                 try:
-                    thoughts[index]["input"] = json.loads("".join(parts))
+                    self.thoughts[index]["input"] = json.loads("".join(parts))
                 except ValueError as exc:
-                    raise self._unreadable(
+                    raise self.model._unreadable(
                         f"a server tool call's input is not JSON: {''.join(parts)[:200]!r}"
                     ) from exc
         blocks: dict[int, dict[str, Any]] = {
-            **{i: {"type": "text", "text": "".join(t)} for i, t in text_blocks.items()},
-            **{i: dict(b) for i, b in thoughts.items()},
+            **{i: {"type": "text", "text": "".join(t)} for i, t in self.text_blocks.items()},
+            **{i: dict(b) for i, b in self.thoughts.items()},
         }
-        for index, call in zip(sorted(tools), calls, strict=True):
+        for index, call in zip(sorted(self.tools), calls, strict=True):
             blocks[index] = {
                 "type": "tool_use",
                 "id": call["id"],
                 "name": call["name"],
                 "input": call["args"],
             }
-        turn = _Turn(texts=texts, calls=calls, stop=stop, usage=usage)
-        turn.reasoning = [b for _, b in sorted(thoughts.items())]
+        turn = _Turn(texts=self.texts, calls=calls, stop=self.stop, usage=self.usage)
+        turn.reasoning = [b for _, b in sorted(self.thoughts.items())]
         turn.blocks = [b for _, b in sorted(blocks.items())]
         return turn
 

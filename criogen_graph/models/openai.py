@@ -17,7 +17,7 @@ from criogen_graph.messages import (
     ToolCallData,
     Usage,
 )
-from criogen_graph.models.base import ModelRequest, ModelResponse, wire_call_id
+from criogen_graph.models.base import ModelRequest, ModelResponse, TextSink, wire_call_id
 from criogen_graph.models.http import (
     HttpOptions,
     api_key_from,
@@ -240,17 +240,7 @@ class OpenAIModel(OpenAIHttpModel):
         )
 
     async def _stream(self, request: ModelRequest) -> ModelResponse:
-        sink = request.on_text
-        thinking = request.on_reasoning
-        text: list[str] = []
-        reasoning: list[str] = []
-        reasoning_field = ""
-        refusal: list[str] = []
-        partial: dict[int, dict[str, Any]] = {}
-        finish: str | None = None
-        # Choices that could not be read: the reply is unreadable if nothing else came.
-        problems: list[str] = []
-        usage_raw: dict[str, Any] | None = None
+        state = _ChatStream(request.on_text, request.on_reasoning)
         async for name, chunk in self._events(
             self._path, self.body(request, stream=True), self._params
         ):
@@ -260,69 +250,105 @@ class OpenAIModel(OpenAIHttpModel):
                 # Groq sends `event: error`, OpenRouter a chunk with an `error` object.
                 raise self._stream_error(chunk.get("error") or chunk)
             try:
-                if chunk.get("usage"):
-                    usage_raw = chunk["usage"]
-                for choice in chunk.get("choices") or ():
-                    delta = choice.get("delta")
-                    if not isinstance(delta, Mapping):
-                        problems.append(f"a choice without a delta: {json.dumps(choice)[:200]}")
-                        delta = {}
-                    piece, chunk_thought = _chunks(delta.get("content"))
-                    if chunk_thought:
-                        reasoning.append(chunk_thought)
-                        if thinking is not None:
-                            thinking(chunk_thought)
-                    if piece:
-                        text.append(piece)
-                        if sink is not None:
-                            sink(piece)
-                    for field in _REASONING_FIELDS:
-                        thought = delta.get(field)
-                        if isinstance(thought, str) and thought:
-                            reasoning_field = reasoning_field or field
-                            reasoning.append(thought)
-                            if thinking is not None:
-                                thinking(thought)
-                            break
-                    if delta.get("refusal"):
-                        refusal.append(delta["refusal"])
-                    for tc in delta.get("tool_calls") or ():
-                        slot = partial.setdefault(
-                            int(tc.get("index", 0)),
-                            {"id": None, "function": {"name": "", "arguments": ""}},
-                        )
-                        if tc.get("id"):
-                            slot["id"] = tc["id"]
-                        fn = tc.get("function") or {}
-                        if fn.get("name"):
-                            slot["function"]["name"] += fn["name"]
-                        if fn.get("arguments"):
-                            slot["function"]["arguments"] += fn["arguments"]
-                    if choice.get("finish_reason"):
-                        finish = choice["finish_reason"]
+                state.add(chunk)
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
                 raise self._unreadable(
                     f"{type(exc).__name__}: {exc}: {json.dumps(chunk)[:200]}"
                 ) from exc
-        if finish is None:
+        if state.finish is None:
             # Every answer ends with a finish_reason; a stream closed before it is cut.
             raise self._error("connection", "the stream ended before the answer was finished")
-        if finish == "error":
+        if state.finish == "error":
             raise self._stream_error({"message": "the provider ended the answer with an error"})
-        message: AssistantMessage = {"role": "assistant", "content": "".join(text)}
-        if reasoning:
-            message["reasoning"] = "".join(reasoning)
-            if reasoning_field:
-                message["reasoning_field"] = reasoning_field
-        if problems and not (text or reasoning or partial or refusal):
-            raise self._unreadable(problems[0])
+        message = state.message()
+        if state.problems and not state.said_anything():
+            raise self._unreadable(state.problems[0])
         try:
-            calls = _calls([partial[i] for i in sorted(partial)])
+            calls = _calls([state.partial[i] for i in sorted(state.partial)])
         except ValueError as exc:
             raise self._unreadable(str(exc)) from exc
         if calls:
             message["tool_calls"] = calls
-        return ModelResponse(message, _usage(usage_raw), _stop(finish, "".join(refusal), message))
+        return ModelResponse(
+            message, _usage(state.usage_raw), _stop(state.finish, "".join(state.refusal), message)
+        )
+
+
+class _ChatStream:
+    """One streamed Chat Completions answer being put together, chunk by chunk."""
+
+    def __init__(self, sink: TextSink | None, thinking: TextSink | None) -> None:
+        self.sink = sink
+        self.thinking = thinking
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.reasoning_field = ""
+        self.refusal: list[str] = []
+        self.partial: dict[int, dict[str, Any]] = {}
+        self.finish: str | None = None
+        # Choices that could not be read: the reply is unreadable if nothing else came.
+        self.problems: list[str] = []
+        self.usage_raw: dict[str, Any] | None = None
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("usage"):
+            self.usage_raw = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            self._choice(choice)
+
+    def _choice(self, choice: Any) -> None:
+        delta = choice.get("delta")
+        if not isinstance(delta, Mapping):
+            self.problems.append(f"a choice without a delta: {json.dumps(choice)[:200]}")
+            delta = {}
+        piece, chunk_thought = _chunks(delta.get("content"))
+        if chunk_thought:
+            self._thought(chunk_thought)
+        if piece:
+            self.text.append(piece)
+            if self.sink is not None:
+                self.sink(piece)
+        for field in _REASONING_FIELDS:
+            thought = delta.get(field)
+            if isinstance(thought, str) and thought:
+                self.reasoning_field = self.reasoning_field or field
+                self._thought(thought)
+                break
+        if delta.get("refusal"):
+            self.refusal.append(delta["refusal"])
+        for tc in delta.get("tool_calls") or ():
+            self._tool_call(tc)
+        if choice.get("finish_reason"):
+            self.finish = choice["finish_reason"]
+
+    def _thought(self, thought: str) -> None:
+        self.reasoning.append(thought)
+        if self.thinking is not None:
+            self.thinking(thought)
+
+    def _tool_call(self, tc: Any) -> None:
+        slot = self.partial.setdefault(
+            int(tc.get("index", 0)),
+            {"id": None, "function": {"name": "", "arguments": ""}},
+        )
+        if tc.get("id"):
+            slot["id"] = tc["id"]
+        fn = tc.get("function") or {}
+        if fn.get("name"):
+            slot["function"]["name"] += fn["name"]
+        if fn.get("arguments"):
+            slot["function"]["arguments"] += fn["arguments"]
+
+    def said_anything(self) -> bool:
+        return bool(self.text or self.reasoning or self.partial or self.refusal)
+
+    def message(self) -> AssistantMessage:
+        message: AssistantMessage = {"role": "assistant", "content": "".join(self.text)}
+        if self.reasoning:
+            message["reasoning"] = "".join(self.reasoning)
+            if self.reasoning_field:
+                message["reasoning_field"] = self.reasoning_field
+        return message
 
 
 def _stop(finish: Any, refusal: Any, message: AssistantMessage) -> ModelStopReason | None:

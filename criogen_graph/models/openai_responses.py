@@ -26,7 +26,7 @@ from criogen_graph.messages import (
     ToolCallData,
     Usage,
 )
-from criogen_graph.models.base import ModelRequest, ModelResponse, wire_call_id
+from criogen_graph.models.base import ModelRequest, ModelResponse, TextSink, wire_call_id
 from criogen_graph.models.http import HttpOptions, tool_call
 from criogen_graph.models.openai_common import (
     OpenAIConnection,
@@ -412,50 +412,195 @@ class OpenAIResponsesModel(OpenAIHttpModel):
         return ModelResponse(message, _usage(data.get("usage")), stop)
 
     def _read_output(self, output: list[Any]) -> tuple[AssistantMessage, bool]:
-        # The text of the message items by phase ("" for none): a final answer is the
-        # reply's text, a commentary preamble beside it is kept apart.
-        said: dict[str, list[str]] = {"": [], "commentary": [], "final_answer": []}
-        refusal: list[str] = []
-        calls: list[ToolCallData] = []
-        reasoning: list[ReasoningItem] = []
-        # What could not be read: the reply is unreadable when nothing else is there.
-        problems: list[str] = []
+        reader = _OutputReader(self)
         for item in output:
             if not isinstance(item, Mapping):
                 raise self._unreadable(f"an output item is not an object: {item!r:.200}")
-            kind = item.get("type")
-            if not isinstance(kind, str):
-                problems.append(f"an output item without a type: {json.dumps(item)[:200]}")
-            elif kind == "message":
-                phase = item.get("phase")
-                text = said[phase if phase in _PHASES else ""]
-                parts = item.get("content")
-                if not isinstance(parts, list):
-                    problems.append(f"a message whose content is not a list: {parts!r:.200}")
-                    continue
-                for part in parts:
-                    ptype = part.get("type") if isinstance(part, Mapping) else None
-                    if ptype == "output_text" and isinstance(part.get("text"), str):
-                        text.append(part["text"])
-                    elif ptype == "refusal" and isinstance(part.get("refusal"), str):
-                        refusal.append(part["refusal"])
-                    else:
-                        problems.append(f"a content part this adapter cannot read: {part!r:.200}")
-            elif kind == "function_call":
-                name = item.get("name")
-                if not isinstance(name, str) or not name:
-                    raise self._unreadable(f"a function_call without a name: {item!r:.200}")
-                call_id = str(item.get("call_id") or item.get("id") or "call_" + uuid.uuid4().hex)
-                calls.append(tool_call(call_id, name, item.get("arguments")))
-            elif kind == "reasoning" and isinstance(item.get("id"), str):
-                kept: ReasoningItem = {"id": item["id"], "summary": _parts(item, "summary")}
-                if isinstance(item.get("encrypted_content"), str):
-                    kept["encrypted_content"] = item["encrypted_content"]
-                thought = _parts(item, "content", "reasoning_text")
-                if thought:
-                    kept["content"] = thought
-                reasoning.append(kept)
-            # Other item types (hosted tools we never offer) carry nothing for us.
+            reader.add(item)
+        message = reader.message()
+        if reader.problems and not (
+            message["content"] or reader.refusal or reader.calls or reader.reasoning
+        ):
+            raise self._unreadable(reader.problems[0])
+        if reader.refusal and not message["content"]:
+            message["content"] = "".join(reader.refusal)
+        if reader.calls:
+            message["tool_calls"] = reader.calls
+        if reader.reasoning:
+            _keep_reasoning(message, reader.reasoning)
+        return message, bool(reader.refusal)
+
+    async def _stream(self, request: ModelRequest) -> ModelResponse:
+        state = _ResponsesStream(request.on_text, request.on_reasoning)
+        async for name, event in self._events(_PATH, self.body(request, stream=True)):
+            if not isinstance(event, Mapping):
+                raise self._unreadable(f"a stream event is not an object: {event!r:.200}")
+            kind = event.get("type") or name
+            if kind in ("response.completed", "response.incomplete", "response.failed"):
+                return self._stream_end(kind, event, state)
+            if kind == "error":
+                inner = event.get("error")
+                raise self._failed(
+                    inner
+                    if isinstance(inner, Mapping)
+                    else {k: v for k, v in event.items() if k != "type"}
+                )
+            state.on_event(kind, event)
+        # Every answer ends with response.completed (or incomplete / failed).
+        raise self._error("connection", "the stream ended before the answer was finished")
+
+    def _stream_end(
+        self, kind: Any, event: Mapping[str, Any], state: _ResponsesStream
+    ) -> ModelResponse:
+        """The reply of a stream's last event, with the held-back commentary sent."""
+        final = event.get("response")
+        if kind == "response.failed" and not isinstance(final, Mapping):
+            raise self._failed(None)
+        response = self._finish(final, [state.done[i] for i in sorted(state.done)])
+        if response.message.get("phase") != "final_answer":
+            state.release()
+        if state.text and not response.message["content"]:
+            # A server that streams the text but lists no items for it.
+            response.message["content"] = "".join(state.text)
+        return response
+
+
+class _ResponsesStream:
+    """One streamed Responses answer before its last event: the streamed text, the
+    finished items by index, and the commentary text held back from the sink."""
+
+    def __init__(self, sink: TextSink | None, thinking: TextSink | None) -> None:
+        self.sink = sink
+        self.thinking = thinking
+        self.last_part: tuple[Any, ...] | None = None
+        self.text: list[str] = []
+        self.done: dict[int, dict[str, Any]] = {}
+        # A commentary preamble is the reply's text unless a final answer follows it in
+        # the same reply: its pieces wait until that is known, so that the streamed text
+        # is the saved text.
+        self.phases: dict[object, object] = {}
+        self.held: list[str] | None = None
+
+    def release(self) -> None:
+        if self.held and self.sink is not None:
+            for piece in self.held:
+                self.sink(piece)
+        self.held = None
+
+    def on_event(self, kind: Any, event: Mapping[str, Any]) -> None:
+        if kind == "response.output_text.delta":
+            self._text_delta(event)
+        elif kind == "response.output_item.added":
+            self._item_added(event)
+        elif kind in (
+            "response.reasoning_summary_text.delta",
+            "response.reasoning_text.delta",
+        ):
+            self._reasoning_delta(kind, event)
+        elif kind == "response.output_item.done":
+            item = event.get("item")
+            if isinstance(item, dict):
+                index = event.get("output_index")
+                self.done[index if isinstance(index, int) else len(self.done)] = item
+
+    def _text_delta(self, event: Mapping[str, Any]) -> None:
+        piece = event.get("delta")
+        if not isinstance(piece, str) or not piece:
+            return
+        self.text.append(piece)
+        if self.phases.get(event.get("output_index")) == "commentary":
+            self.held = self.held if self.held is not None else []
+            self.held.append(piece)
+        elif self.sink is not None:
+            self.sink(piece)
+
+    def _item_added(self, event: Mapping[str, Any]) -> None:
+        item = event.get("item")
+        phase = item.get("phase") if isinstance(item, Mapping) else None
+        self.phases[event.get("output_index")] = phase
+        if phase == "final_answer":
+            self.held = None  # kept as the reply's `commentary`, not its text
+        elif phase != "commentary":
+            self.release()
+
+    def _reasoning_delta(self, kind: Any, event: Mapping[str, Any]) -> None:
+        piece = event.get("delta")
+        if not isinstance(piece, str) or not piece or self.thinking is None:
+            return
+        part = (
+            kind,
+            event.get("output_index"),
+            event.get("summary_index", event.get("content_index")),
+        )
+        if self.last_part is not None and part != self.last_part:
+            # The streamed pieces join to the message's `reasoning`.
+            self.thinking("\n\n")
+        self.last_part = part
+        self.thinking(piece)
+
+
+class _OutputReader:
+    """The parts of a reply, read item by item from a response's `output`."""
+
+    def __init__(self, model: OpenAIResponsesModel) -> None:
+        self.model = model
+        # The text of the message items by phase ("" for none): a final answer is the
+        # reply's text, a commentary preamble beside it is kept apart.
+        self.said: dict[str, list[str]] = {"": [], "commentary": [], "final_answer": []}
+        self.refusal: list[str] = []
+        self.calls: list[ToolCallData] = []
+        self.reasoning: list[ReasoningItem] = []
+        # What could not be read: the reply is unreadable when nothing else is there.
+        self.problems: list[str] = []
+
+    def add(self, item: Mapping[str, Any]) -> None:
+        kind = item.get("type")
+        if not isinstance(kind, str):
+            self.problems.append(f"an output item without a type: {json.dumps(item)[:200]}")
+        elif kind == "message":
+            self._message(item)
+        elif kind == "function_call":
+            self._function_call(item)
+        elif kind == "reasoning" and isinstance(item.get("id"), str):
+            self._reasoning(item)
+        # Other item types (hosted tools we never offer) carry nothing for us.
+
+    def _message(self, item: Mapping[str, Any]) -> None:
+        phase = item.get("phase")
+        text = self.said[phase if phase in _PHASES else ""]
+        parts = item.get("content")
+        if not isinstance(parts, list):
+            self.problems.append(f"a message whose content is not a list: {parts!r:.200}")
+            return
+        for part in parts:
+            ptype = part.get("type") if isinstance(part, Mapping) else None
+            if ptype == "output_text" and isinstance(part.get("text"), str):
+                text.append(part["text"])
+            elif ptype == "refusal" and isinstance(part.get("refusal"), str):
+                self.refusal.append(part["refusal"])
+            else:
+                self.problems.append(f"a content part this adapter cannot read: {part!r:.200}")
+
+    def _function_call(self, item: Mapping[str, Any]) -> None:
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise self.model._unreadable(f"a function_call without a name: {item!r:.200}")
+        call_id = str(item.get("call_id") or item.get("id") or "call_" + uuid.uuid4().hex)
+        self.calls.append(tool_call(call_id, name, item.get("arguments")))
+
+    def _reasoning(self, item: Mapping[str, Any]) -> None:
+        kept: ReasoningItem = {"id": item["id"], "summary": _parts(item, "summary")}
+        if isinstance(item.get("encrypted_content"), str):
+            kept["encrypted_content"] = item["encrypted_content"]
+        thought = _parts(item, "content", "reasoning_text")
+        if thought:
+            kept["content"] = thought
+        self.reasoning.append(kept)
+
+    def message(self) -> AssistantMessage:
+        """The message with the text of the phase that answers (refusal, calls and
+        reasoning not yet in it)."""
+        said = self.said
         message: AssistantMessage = {"role": "assistant", "content": ""}
         if said["final_answer"]:
             message["content"] = "".join(said["final_answer"] + said[""])
@@ -467,103 +612,17 @@ class OpenAIResponsesModel(OpenAIHttpModel):
             message["phase"] = "commentary"
         else:
             message["content"] = "".join(said[""])
-        if problems and not (message["content"] or refusal or calls or reasoning):
-            raise self._unreadable(problems[0])
-        if refusal and not message["content"]:
-            message["content"] = "".join(refusal)
-        if calls:
-            message["tool_calls"] = calls
-        if reasoning:
-            message[REASONING_ITEMS] = reasoning
-            # Each item's summary, or its reasoning text when it comes without one.
-            reasoning_text = "\n\n".join(
-                s for r in reasoning for s in (r["summary"] or r.get("content") or ())
-            )
-            if reasoning_text:
-                message["reasoning"] = reasoning_text
-        return message, bool(refusal)
+        return message
 
-    async def _stream(self, request: ModelRequest) -> ModelResponse:
-        sink = request.on_text
-        thinking = request.on_reasoning
-        last_part: tuple[Any, ...] | None = None
-        text: list[str] = []
-        done: dict[int, dict[str, Any]] = {}
-        # A commentary preamble is the reply's text unless a final answer follows it in
-        # the same reply: its pieces wait until that is known, so that the streamed text
-        # is the saved text.
-        phases: dict[object, object] = {}
-        held: list[str] | None = None
 
-        def release() -> None:
-            nonlocal held
-            if held and sink is not None:
-                for piece in held:
-                    sink(piece)
-            held = None
-
-        async for name, event in self._events(_PATH, self.body(request, stream=True)):
-            if not isinstance(event, Mapping):
-                raise self._unreadable(f"a stream event is not an object: {event!r:.200}")
-            kind = event.get("type") or name
-            if kind == "response.output_text.delta":
-                piece = event.get("delta")
-                if isinstance(piece, str) and piece:
-                    text.append(piece)
-                    if phases.get(event.get("output_index")) == "commentary":
-                        held = held if held is not None else []
-                        held.append(piece)
-                    elif sink is not None:
-                        sink(piece)
-            elif kind == "response.output_item.added":
-                item = event.get("item")
-                phase = item.get("phase") if isinstance(item, Mapping) else None
-                phases[event.get("output_index")] = phase
-                if phase == "final_answer":
-                    held = None  # kept as the reply's `commentary`, not its text
-                elif phase != "commentary":
-                    release()
-            elif kind in (
-                "response.reasoning_summary_text.delta",
-                "response.reasoning_text.delta",
-            ):
-                piece = event.get("delta")
-                if isinstance(piece, str) and piece and thinking is not None:
-                    part = (
-                        kind,
-                        event.get("output_index"),
-                        event.get("summary_index", event.get("content_index")),
-                    )
-                    if last_part is not None and part != last_part:
-                        # The streamed pieces join to the message's `reasoning`.
-                        thinking("\n\n")
-                    last_part = part
-                    thinking(piece)
-            elif kind == "response.output_item.done":
-                item = event.get("item")
-                if isinstance(item, dict):
-                    index = event.get("output_index")
-                    done[index if isinstance(index, int) else len(done)] = item
-            elif kind in ("response.completed", "response.incomplete", "response.failed"):
-                final = event.get("response")
-                if kind == "response.failed" and not isinstance(final, Mapping):
-                    raise self._failed(None)
-                response = self._finish(final, [done[i] for i in sorted(done)])
-                if response.message.get("phase") != "final_answer":
-                    release()
-                if text and not response.message["content"]:
-                    # A server that streams the text but lists no items for it.
-                    response.message["content"] = "".join(text)
-                return response
-            elif kind == "error":
-                inner = event.get("error")
-                raise self._failed(
-                    inner
-                    if isinstance(inner, Mapping)
-                    else {k: v for k, v in event.items() if k != "type"}
-                )
-        # Every answer ends with response.completed (or incomplete / failed).
-        raise self._error("connection", "the stream ended before the answer was finished")
+def _keep_reasoning(message: AssistantMessage, reasoning: list[ReasoningItem]) -> None:
+    message[REASONING_ITEMS] = reasoning
+    # Each item's summary, or its reasoning text when it comes without one.
+    reasoning_text = "\n\n".join(
+        s for r in reasoning for s in (r["summary"] or r.get("content") or ())
+    )
+    if reasoning_text:
+        message["reasoning"] = reasoning_text
 
 
 def openai_responses(
