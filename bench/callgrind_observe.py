@@ -29,8 +29,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
 from typing import Any
@@ -98,39 +96,10 @@ def instructions(
     variants: list[str], runs: int, warmup: int, folder: str, tree: str | None
 ) -> dict[str, float]:
     """Instructions per run of each variant."""
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    if tree:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, env.get("PYTHONPATH")) if p)
-    out = os.path.join(folder, "callgrind.out")
-    done = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            "--dump-before=ffi_call",
-            f"--callgrind-out-file={out}",
-            sys.executable,
-            os.path.abspath(__file__),
-            "--child",
-            ";".join(variants),
-            str(runs),
-            str(warmup),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"failed:\n{done.stderr[-3000:]}")
-    print(*(line for line in done.stderr.splitlines() if "criogen_graph from" in line))
-    totals = []
-    for n in range(1, 2 * len(variants) + 2):
-        path = f"{out}.{n}"
-        if not os.path.exists(path):
-            break
-        with open(path) as f:
-            found = re.search(r"^totals: (\d+)", f.read(), re.M)
-        assert found, path
-        totals.append(int(found.group(1)))
+    from _callgrind import callgrind_totals
+
+    child = ["--child", ";".join(variants), str(runs), str(warmup)]
+    totals = callgrind_totals(__file__, child, tree, folder)
     # One dump at each marker: anything else calling ffi_call would add more.
     assert len(totals) == 2 * len(variants), (len(totals), "dumps; expected", 2 * len(variants))
     return {v: totals[2 * i + 1] / runs for i, v in enumerate(variants)}

@@ -31,8 +31,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -120,41 +118,10 @@ def instructions(
     scenarios: list[str], runs: int, warmup: int, folder: str, tree: str | None
 ) -> dict[str, tuple[float, float]]:
     """Instructions per turn of each scenario, in its first and second segment."""
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    if tree:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, env.get("PYTHONPATH")) if p)
-    os.makedirs(folder, exist_ok=True)
-    out = os.path.join(folder, "callgrind.out")
-    done = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            "--dump-before=ffi_call",
-            f"--callgrind-out-file={out}",
-            sys.executable,
-            os.path.abspath(__file__),
-            "--child",
-            ";".join(scenarios),
-            str(runs),
-            str(warmup),
-            folder,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"failed:\n{done.stderr[-3000:]}")
-    found_in = [line for line in done.stderr.splitlines() if "criogen_graph from" in line]
-    print(tree or "(installed)", ":", *found_in)
-    totals = []
-    n = 1
-    while os.path.exists(f"{out}.{n}"):
-        with open(f"{out}.{n}") as f:
-            found = re.search(r"^totals: (\d+)", f.read(), re.M)
-        assert found, f"{out}.{n}"
-        totals.append(int(found.group(1)))
-        n += 1
+    from _callgrind import callgrind_totals
+
+    child = ["--child", ";".join(scenarios), str(runs), str(warmup), folder]
+    totals = callgrind_totals(__file__, child, tree, folder)
     # Three dumps per scenario (one at each marker): anything else calling ffi_call
     # would add more.
     assert len(totals) == 3 * len(scenarios), (len(totals), "dumps; expected", 3 * len(scenarios))
